@@ -1,0 +1,95 @@
+"""`radixlm bench offline`: radixlm against HF `generate` with static batches, same model, same run."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from radixlm.bench.workload import BenchRequest, random_requests
+from radixlm.engine.llm import LLM
+from radixlm.model.loader import load_tokenizer, resolve_model_dir
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass
+class RunResult:
+    engine: str
+    batch_size: int | None
+    seconds: float
+    output_tokens: int
+    prompt_tokens: int
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def run_radixlm(llm: LLM, requests: list[BenchRequest]) -> RunResult:
+    params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outputs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert produced == sum(r.output_len for r in requests), "radixlm produced the wrong number of tokens"
+    return RunResult("radixlm", None, seconds, produced, sum(len(r.prompt_token_ids) for r in requests))
+
+
+def run_hf_static(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, requests: list[BenchRequest],
+                  batch_size: int) -> RunResult:
+    """HF generate over fixed batches in arrival order, left-padded; a batch runs until its longest output."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    start = time.perf_counter()
+    for first in range(0, len(requests), batch_size):
+        batch = requests[first:first + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        input_ids = torch.tensor([[pad_id] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch])
+        attention_mask = torch.tensor([[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids)
+                                       for r in batch])
+        new_tokens = max(r.output_len for r in batch)
+        with torch.inference_mode():
+            model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+    seconds = time.perf_counter() - start
+    return RunResult("hf-static", batch_size, seconds, sum(r.output_len for r in requests),
+                     sum(len(r.prompt_token_ids) for r in requests))
+
+
+def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                  hf_batch_sizes: list[int], seed: int, output_json: Path | None) -> list[RunResult]:
+    llm = LLM(**engine_options)
+    requests = random_requests(llm.tokenizer, num_prompts, input_len, output_len, seed)
+    results = [run_radixlm(llm, requests)]
+    model_dir = resolve_model_dir(llm.engine.config.model.model)
+    del llm
+    gc.collect()
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(model_dir)
+    for batch_size in hf_batch_sizes:
+        results.append(run_hf_static(hf_model, tokenizer, requests, batch_size))
+    print_table(results, num_prompts, input_len, output_len)
+    if output_json:
+        output_json.write_text(json.dumps([asdict(r) | {"output_tok_s": r.output_tok_s} for r in results], indent=2))
+    return results
+
+
+def print_table(results: list[RunResult], num_prompts: int, input_len: tuple[int, int],
+                output_len: tuple[int, int]) -> None:
+    best_hf = max((r for r in results if r.engine != "radixlm"), key=lambda r: r.output_tok_s, default=None)
+    print(f"\n{num_prompts} prompts, input {input_len[0]}-{input_len[1]}, output {output_len[0]}-{output_len[1]} "
+          f"tokens (ignore_eos, greedy)")
+    print("| engine | batch | seconds | output tok/s | radixlm / this |\n|---|---|---|---|---|")
+    ours = results[0]
+    for r in results:
+        ratio = ours.output_tok_s / r.output_tok_s
+        batch = r.batch_size or "continuous"
+        print(f"| {r.engine} | {batch} | {r.seconds:.1f} | {r.output_tok_s:.1f} | {ratio:.2f}x |")
+    if best_hf:
+        print(f"\nradixlm vs best HF static batch ({best_hf.batch_size}): "
+              f"{ours.output_tok_s / best_hf.output_tok_s:.2f}x")

@@ -1,0 +1,91 @@
+"""Command line: `radixlm generate`, `radixlm bench ...`; engine flags are generated from the config fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from radixlm.config import CacheConfig, ModelConfig, SchedulerConfig
+
+ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig)
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
+
+
+def _parse_field(type_name: str) -> Callable[[str], Any]:
+    names = [part.strip() for part in type_name.split("|") if part.strip() != "None"]
+    if names == ["float", "str"]:
+        return lambda text: float(text) if text.replace(".", "", 1).isdigit() else text
+    return _PARSERS[names[0]]
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per engine config field: `max_num_seqs` -> `--max-num-seqs`."""
+    group = parser.add_argument_group("engine")
+    for config_cls in ENGINE_CONFIGS:
+        for field in dataclasses.fields(config_cls):
+            flag = "--" + field.name.replace("_", "-")
+            help_text = f"{field.metadata.get('help', '')} (default: {field.default})"
+            if field.type == "bool":
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            else:
+                group.add_argument(flag, type=_parse_field(str(field.type)), default=None, help=help_text)
+    group.add_argument("--disable-radix-cache", dest="enable_prefix_caching", action="store_false",
+                       help="same as --no-enable-prefix-caching")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options given on the command line (unset flags keep the config defaults)."""
+    names = {f.name for config_cls in ENGINE_CONFIGS for f in dataclasses.fields(config_cls)}
+    return {name: value for name, value in vars(args).items() if name in names and value is not None}
+
+
+def _cmd_generate(args: argparse.Namespace) -> None:
+    from radixlm import LLM, SamplingParams
+
+    llm = LLM(**engine_kwargs(args))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.sampling_seed)
+    if args.chat:
+        output = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
+    else:
+        output = llm.generate(args.prompt, params, use_tqdm=False)[0]
+    print(output.outputs[0].text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows the KV cache size)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="print the completion of one prompt")
+    generate.add_argument("prompt")
+    generate.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    generate.add_argument("--max-tokens", type=int, default=128)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--sampling-seed", type=int, default=None)
+    add_engine_args(generate)
+    generate.set_defaults(handler=_cmd_generate)
+
+    from radixlm.bench.cli import add_bench_commands
+
+    add_bench_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args.handler(args)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"radixlm: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

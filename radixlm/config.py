@@ -1,0 +1,123 @@
+"""Engine configuration: frozen, validated dataclasses composed into `EngineConfig`.
+
+Every field carries its help text in `metadata["help"]`; `radixlm.cli` turns the fields into command-line flags
+named as vLLM and SGLang name them (`max_num_seqs` -> `--max-num-seqs`). Values are checked once in
+`__post_init__` and never change afterwards: runtime counters live in the objects that own them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+SchedulePolicy = Literal["fcfs", "priority", "lpm"]
+SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
+               "g": 1e9, "gb": 1e9, "gib": 2**30}
+
+
+def parse_memory(value: float | int | str) -> float:
+    """Parse a memory budget: a fraction of free memory (0 < x <= 1) or a byte count ("512MiB", "2GB", 3e8)."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if match is None or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a size like '512MiB', got {value!r}")
+        number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    else:
+        number = float(value)
+    if not number > 0:
+        raise ValueError(f"kv_cache_memory must be > 0, got {value!r}")
+    return number
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = field(default=DEFAULT_MODEL, metadata=_help(
+        "local HF model directory, a .gguf file, or the default model name (converted once and cached)"))
+    dtype: str = field(default="float32", metadata=_help("weights and KV cache dtype: float32, bfloat16, float16"))
+    max_model_len: int | None = field(default=None, metadata=_help(
+        "longest prompt + output in tokens (default: the model's maximum, capped by the KV cache capacity)"))
+    seed: int = field(default=0, metadata=_help("engine seed: makes runs of unseeded requests reproducible"))
+    served_model_name: str | None = field(default=None, metadata=_help("model name reported by the API"))
+    num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {self.dtype!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = field(default=16, metadata=_help("tokens per KV cache block"))
+    kv_cache_memory: float | str = field(default=0.1, metadata=_help(
+        "KV cache budget: a fraction of free memory (0 < x <= 1) or bytes ('512MiB', '2GB', 300000000)"))
+    num_kv_blocks: int | None = field(default=None, metadata=_help(
+        "exact number of KV blocks (overrides --kv-cache-memory; mostly for tests)"))
+    enable_prefix_caching: bool = field(default=True, metadata=_help(
+        "reuse the K/V of shared prompt prefixes through the radix tree (--disable-radix-cache turns it off)"))
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        parse_memory(self.kv_cache_memory)
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = field(default=128, metadata=_help("most requests in one batch"))
+    max_num_batched_tokens: int = field(default=2048, metadata=_help(
+        "token budget of one step: decodes take one each, prefill chunks share the rest"))
+    schedule_policy: str = field(default="fcfs", metadata=_help(
+        "order of waiting requests: fcfs, priority (lower value first) or lpm (longest cached prefix first)"))
+    lpm_fallback_queue_len: int = field(default=128, metadata=_help(
+        "lpm falls back to fcfs when more requests than this are waiting"))
+    max_queued_requests: int | None = field(default=None, metadata=_help(
+        "waiting requests beyond this are refused (HTTP 429)"))
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.lpm_fallback_queue_len < 0:
+            raise ValueError(f"lpm_fallback_queue_len must be >= 0, got {self.lpm_fallback_queue_len}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine is built from; `EngineConfig.from_kwargs(model=..., max_num_seqs=...)` is handy."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> EngineConfig:
+        """Build from flat keyword arguments; an unknown name raises ValueError naming it."""
+        parts: dict[str, dict[str, object]] = {"model": {}, "cache": {}, "scheduler": {}}
+        owners = {name: part for part, sub in (("model", ModelConfig), ("cache", CacheConfig),
+                                                ("scheduler", SchedulerConfig))
+                  for name in sub.__dataclass_fields__}
+        for name, value in kwargs.items():
+            if name not in owners:
+                raise ValueError(f"unknown engine option {name!r}")
+            parts[owners[name]][name] = value
+        return cls(ModelConfig(**parts["model"]), CacheConfig(**parts["cache"]),  # type: ignore[arg-type]
+                   SchedulerConfig(**parts["scheduler"]))  # type: ignore[arg-type]

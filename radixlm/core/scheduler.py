@@ -1,0 +1,195 @@
+"""Scheduler: continuous batching over the token-progress model.
+
+Each step fills a token budget: first one token for every running request that is decoding, then prefill chunks
+for running requests that are part-way through their prompt, then new chunks for waiting requests. When blocks
+run out it preempts by recompute: the victim (lowest priority, then latest arrival) frees its blocks, forgets its
+computed tokens, keeps its generated ones and goes back to the waiting queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from radixlm.config import SchedulerConfig
+from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.core.request_queue import PriorityWaitingQueue, WaitingQueue
+from radixlm.request import Request, RequestStatus
+
+
+class QueueFullError(RuntimeError):
+    """Raised by `add_request` when `max_queued_requests` requests are already waiting."""
+
+
+class Scheduler:
+    """Decides, each step, which requests compute how many tokens; owns the waiting and running queues."""
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.max_model_len = max_model_len
+        self.waiting: WaitingQueue = PriorityWaitingQueue() if config.schedule_policy == "priority" \
+            else WaitingQueue()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # -- admission ---------------------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError if it can never fit, QueueFullError if the queue is full."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        if request.num_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {request.num_tokens} tokens but the context is {self.max_model_len} tokens "
+                f"(max_model_len, capped by the KV cache capacity), leaving no room to generate")
+        limit = self.config.max_queued_requests
+        if limit is not None and len(self.waiting) >= limit:
+            raise QueueFullError(f"{len(self.waiting)} requests are waiting (max_queued_requests={limit})")
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a waiting, running or preempted request and free its blocks; False if it is not live."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        return True
+
+    def finish_request(self, request: Request, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        """End a live request with a finished status; frees its blocks."""
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.stop_reason = stop_reason
+        request.transition(status)
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's chunks within the token budget and `max_num_seqs`, preempting if blocks run out."""
+        output = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
+        prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
+        scheduled: dict[str, ScheduledChunk] = {}
+        for request in decoding + prefilling:
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_uncomputed_tokens, budget)
+            if num_new == 0:
+                break
+            while not self.kv_cache_manager.allocate_slots(request, num_new):
+                victim = max(self.running, key=lambda r: (r.priority, r.arrival_order))
+                self._preempt(victim)
+                output.preempted_request_ids.append(victim.request_id)
+                victim_chunk = scheduled.pop(victim.request_id, None)
+                budget += victim_chunk.num_tokens if victim_chunk else 0
+                if victim is request:
+                    break
+            else:
+                scheduled[request.request_id] = self._chunk(request, num_new)
+                budget -= num_new
+        if not output.preempted_request_ids:
+            self._schedule_waiting(budget, scheduled)
+        output.chunks = list(scheduled.values())
+        return output
+
+    def _schedule_waiting(self, budget: int, scheduled: dict[str, ScheduledChunk]) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            num_new = min(request.num_uncomputed_tokens, budget)
+            if not self.kv_cache_manager.allocate_slots(request, num_new):
+                break
+            self.waiting.pop()
+            request.transition(RequestStatus.RUNNING)
+            self.running.append(request)
+            scheduled[request.request_id] = self._chunk(request, num_new)
+            budget -= num_new
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.transition(RequestStatus.PREEMPTED)
+        request.transition(RequestStatus.WAITING)
+        self.waiting.add_preempted(request)
+        self.num_preemptions += 1
+
+    @staticmethod
+    def _chunk(request: Request, num_new: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        return ScheduledChunk(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:start + num_new],
+            start_position=start,
+            block_table=list(request.block_table),
+            samples=start + num_new == request.num_tokens,
+        )
+
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Request]:
+        """Advance token progress, append sampled tokens, apply token-level stops.
+
+        `sampled_token_ids` follow `output.sampling_request_ids`. Returns the requests that received a token
+        (finished ones included, already freed).
+        """
+        now = time.monotonic()
+        sampled = dict(zip(output.sampling_request_ids, sampled_token_ids, strict=True))
+        updated: list[Request] = []
+        for chunk in output.chunks:
+            request = self.requests.get(chunk.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += chunk.num_tokens
+            if not chunk.samples:
+                continue
+            token_id = sampled[chunk.request_id]
+            request.append_output_token(token_id)
+            request.record_token_time(now)
+            updated.append(request)
+            stop = check_token_stop(request, self.max_model_len)
+            if stop is not None:
+                self.finish_request(request, *stop)
+        return updated
+
+    # -- introspection -----------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def check_invariants(self) -> None:
+        """Queues and block holdings agree with request states; see KVCacheManager.check_invariants."""
+        for request in self.running:
+            assert request.status is RequestStatus.RUNNING, request
+        for request in self.waiting:
+            assert request.status is RequestStatus.WAITING, request
+        assert len(self.running) + len(self.waiting) == len(self.requests)
+        self.kv_cache_manager.check_invariants(self.requests.values())
+
+
+def check_token_stop(request: Request, max_model_len: int) -> tuple[RequestStatus, int | None] | None:
+    """The token-level stop that the last appended token triggers: eos, a stop token id, or a length limit."""
+    params = request.sampling_params
+    if request.num_output_tokens < params.min_tokens:
+        return None
+    token_id = request.last_token_id
+    if not params.ignore_eos and token_id in request.eos_token_ids:
+        return RequestStatus.FINISHED_STOPPED, None
+    if token_id in params.stop_token_ids:
+        return RequestStatus.FINISHED_STOPPED, token_id
+    if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+        return RequestStatus.FINISHED_LENGTH, None
+    if request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH, None
+    return None

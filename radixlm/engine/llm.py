@@ -1,0 +1,80 @@
+"""LLM: the offline API. `LLM(model=...).generate(prompts, params)` runs everything to completion."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.engine.outputs import RequestOutput
+from radixlm.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+Message = dict[str, Any]
+
+
+class LLM:
+    """Offline batch generation. Keyword arguments are engine options (see `radixlm.config`)."""
+
+    def __init__(self, model: str | None = None, **engine_options: Any) -> None:
+        if model is not None:
+            engine_options["model"] = model
+        self.engine: LLMEngine = build_engine(**engine_options)
+        self._next_id = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for text prompts or token-id lists; outputs come back in the order of `prompts`."""
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
+        request_ids = []
+        for prompt, params in zip(prompt_list, params_list, strict=True):
+            request_id = str(self._next_id)
+            self._next_id += 1
+            self.engine.add_request(request_id, prompt, params)
+            request_ids.append(request_id)
+        return self._run(request_ids, use_tqdm)
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(conv, add_generation_prompt) for conv in conversations]  # type: ignore
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        wanted = set(request_ids)
+        with tqdm(total=len(request_ids), desc="generating", unit="req", disable=not use_tqdm) as progress:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished and output.request_id in wanted:
+                        finished[output.request_id] = output
+                        progress.update()
+        return [finished[request_id] for request_id in request_ids]
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and all(isinstance(t, int) for t in prompts):  # one token-id list
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]

@@ -1,0 +1,136 @@
+"""InputBatch: the tensors of one packed forward, built from a SchedulerOutput.
+
+All scheduled tokens of all requests form one `[1, T]` sequence. Per token: its id, its position in its own
+request, and the slot its K/V are written to. Per request: which query rows are its own and which slots hold its
+context. Requests computing a single token (decodes) are grouped so that attention runs on them as one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.model.kv_cache import PagedKVCache
+
+
+@dataclass
+class DecodeGroup:
+    """Requests computing one token each (decodes). Padded slot rows are sliced per request, never attended."""
+
+    query_rows: torch.Tensor     # [B] rows of the packed batch
+    context_slots: torch.Tensor  # [B, L_max] slot of each context position (padding points at slot 0)
+    context_lens: list[int]      # [B]
+    rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
+
+    def slots(self, index: int, sliding_window: int | None) -> torch.Tensor:
+        """Slots request `index` attends to: its whole context, or the last `sliding_window` positions."""
+        length = self.context_lens[index]
+        start = 0 if sliding_window is None else max(0, length - sliding_window)
+        return self.context_slots[index, start:length]
+
+
+@dataclass
+class PrefillSegment:
+    """One request computing several tokens: query rows `start .. start + num_queries - 1`."""
+
+    start: int
+    num_queries: int
+    context_slots: torch.Tensor | None  # [L] slots of positions 0..L-1; None when the chunk is the whole context
+    context_len: int
+    _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+
+    def mask(self, sliding_window: int | None) -> torch.Tensor | None:
+        """Boolean [num_queries, L] causal (and windowed) mask; None means plain causal with L == num_queries."""
+        if sliding_window not in self._masks:
+            if self.context_len == self.num_queries and (sliding_window is None or
+                                                         sliding_window >= self.context_len):
+                self._masks[sliding_window] = None
+            else:
+                query_pos = torch.arange(self.context_len - self.num_queries, self.context_len)[:, None]
+                key_pos = torch.arange(self.context_len)[None, :]
+                allowed = key_pos <= query_pos
+                if sliding_window is not None:
+                    allowed &= key_pos > query_pos - sliding_window
+                self._masks[sliding_window] = allowed
+        return self._masks[sliding_window]
+
+
+@dataclass
+class AttentionMetadata:
+    """What the paged attention function needs for one forward; passed as a `model(...)` keyword argument."""
+
+    kv_cache: PagedKVCache
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V are written
+    decode: DecodeGroup | None
+    prefills: list[PrefillSegment]
+
+
+@dataclass
+class InputBatch:
+    input_ids: torch.Tensor      # [1, T]
+    position_ids: torch.Tensor   # [1, T]
+    logits_indices: torch.Tensor  # [S] rows whose logits are sampled, in SchedulerOutput.sampling_request_ids order
+    attn_metadata: AttentionMetadata
+
+    @classmethod
+    def build(cls, output: SchedulerOutput, kv_cache: PagedKVCache) -> InputBatch:
+        block_size = kv_cache.block_size
+        chunks = output.chunks
+        max_blocks = max(len(chunk.block_table) for chunk in chunks)
+        block_tables = torch.tensor([c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks],
+                                    dtype=torch.long)
+        token_ids: list[int] = []
+        positions: list[int] = []
+        chunk_of_token: list[int] = []
+        logits_rows: list[int] = []
+        for index, chunk in enumerate(chunks):
+            token_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_position, chunk.context_len))
+            chunk_of_token.extend([index] * chunk.num_tokens)
+            if chunk.samples:
+                logits_rows.append(len(token_ids) - 1)
+        position_tensor = torch.tensor(positions, dtype=torch.long)
+        token_blocks = block_tables[torch.tensor(chunk_of_token), position_tensor // block_size]
+        slot_mapping = token_blocks * block_size + position_tensor % block_size
+        metadata = AttentionMetadata(kv_cache=kv_cache, slot_mapping=slot_mapping,
+                                     decode=_decode_group(output, block_tables, block_size),
+                                     prefills=_prefill_segments(output, block_tables, block_size))
+        return cls(input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=position_tensor[None],
+                   logits_indices=torch.tensor(logits_rows, dtype=torch.long), attn_metadata=metadata)
+
+
+def _context_slots(block_rows: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Slots of positions 0..context_len-1 for block-table rows `[B, max_blocks]` -> `[B, context_len]`."""
+    positions = torch.arange(context_len)
+    return block_rows[:, positions // block_size] * block_size + positions % block_size
+
+
+def _decode_group(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> DecodeGroup | None:
+    rows, indices, lens = [], [], []
+    row = 0
+    for index, chunk in enumerate(output.chunks):
+        if chunk.num_tokens == 1:
+            rows.append(row)
+            indices.append(index)
+            lens.append(chunk.context_len)
+        row += chunk.num_tokens
+    if not rows:
+        return None
+    slots = _context_slots(block_tables[torch.tensor(indices)], max(lens), block_size)
+    return DecodeGroup(query_rows=torch.tensor(rows), context_slots=slots, context_lens=lens,
+                       rows_are_prefix=rows == list(range(len(rows))))
+
+
+def _prefill_segments(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> list[PrefillSegment]:
+    segments = []
+    row = 0
+    for index, chunk in enumerate(output.chunks):
+        if chunk.num_tokens > 1:
+            slots = None if chunk.start_position == 0 else \
+                _context_slots(block_tables[index:index + 1], chunk.context_len, block_size)[0]
+            segments.append(PrefillSegment(start=row, num_queries=chunk.num_tokens, context_slots=slots,
+                                           context_len=chunk.context_len))
+        row += chunk.num_tokens
+    return segments

@@ -1,0 +1,63 @@
+"""PagedKVCache: per-layer K/V tensors addressed by slot (block_id * block_size + offset), sized from a budget."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import psutil
+import torch
+
+from radixlm.config import parse_memory
+
+logger = logging.getLogger(__name__)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def num_blocks_for_budget(kv_cache_memory: float | str, bytes_per_block: int) -> int:
+    """Blocks that fit a budget given as bytes, or as a fraction (<= 1) of the memory free right now."""
+    budget = parse_memory(kv_cache_memory)
+    if budget <= 1.0:
+        budget *= psutil.virtual_memory().available
+    num_blocks = int(budget // bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError(f"kv_cache_memory {kv_cache_memory!r} holds no block of {bytes_per_block} bytes")
+    return num_blocks
+
+
+class PagedKVCache:
+    """K and V for every layer as `[num_blocks * block_size, num_kv_heads, head_dim]` tensors.
+
+    Token position `p` of a request lives at slot `block_table[p // block_size] * block_size + p % block_size`.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        num_slots = num_blocks * block_size
+        shape = (num_slots, num_kv_heads, head_dim)
+        # torch.empty commits memory lazily; slot 0 is zeroed because attention padding reads it (masked, but
+        # garbage NaNs would still poison the weighted sum). Every other slot is written before it is read.
+        self.key_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.value_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for cache in (*self.key_caches, *self.value_caches):
+            cache[0].zero_()
+        bytes_total = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype) * num_slots
+        logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%d bytes per token)",
+                    num_blocks, block_size, num_slots, bytes_total / 2**20, bytes_total // num_slots)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def copy_blocks(self, copies: Iterable[tuple[int, int, int]]) -> None:
+        """Copy the first `num_tokens` slots of block `src` into block `dst`, in every layer (copy-on-write)."""
+        for src, dst, num_tokens in copies:
+            src_start, dst_start = src * self.block_size, dst * self.block_size
+            for cache in (*self.key_caches, *self.value_caches):
+                cache[dst_start:dst_start + num_tokens] = cache[src_start:src_start + num_tokens]

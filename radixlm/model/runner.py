@@ -1,0 +1,67 @@
+"""ModelRunner: runs one packed forward per step over the paged KV cache and returns the logits to sample."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from radixlm.config import CacheConfig, ModelConfig
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.model.attention import register_paged_attention
+from radixlm.model.input_batch import InputBatch
+from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
+from radixlm.model.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder-only model that size its KV cache."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int | None
+
+    @classmethod
+    def from_config(cls, config: PretrainedConfig) -> ModelShape:
+        text = config.get_text_config()
+        num_heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+        return cls(num_layers=text.num_hidden_layers,
+                   num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
+                   head_dim=head_dim, vocab_size=text.vocab_size,
+                   max_position_embeddings=getattr(text, "max_position_embeddings", None))
+
+
+class ModelRunner:
+    """Owns the model and its paged KV cache; `execute` turns a SchedulerOutput into logits."""
+
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        if model_config.num_threads is not None:
+            torch.set_num_threads(model_config.num_threads)
+        self.dtype = getattr(torch, model_config.dtype)
+        self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention())
+        self.shape = ModelShape.from_config(self.model.config)
+        bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
+                                             self.dtype)
+        num_blocks = cache_config.num_kv_blocks or num_blocks_for_budget(
+            cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size)
+        self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
+                                     self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> torch.Tensor:
+        """Compute the scheduled chunks; return float32 logits `[S, vocab]` for `output.sampling_request_ids`."""
+        if output.block_copies:
+            self.kv_cache.copy_blocks(output.block_copies)
+        batch = InputBatch.build(output, self.kv_cache)
+        result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                            logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
+        return result.logits[0].float()

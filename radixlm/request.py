@@ -1,0 +1,159 @@
+"""Request: one sequence being generated, its status state machine, token progress and timestamps.
+
+Token-progress model: `num_tokens` (prompt + generated) and `num_computed_tokens` (tokens whose K/V are in the
+cache). The scheduler moves `num_computed_tokens` toward `num_tokens`; a request samples a token only in a step that
+brings it to `num_tokens`. A fresh prompt, a prefill chunk, a prefix-cache hit, a resumed preempted request and a
+decode step are all the same code path.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish_reason for a finished status: "stop", "length" or "abort"."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                       RequestStatus.FINISHED_ABORTED})
+_FINISH_REASONS = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                   RequestStatus.FINISHED_ABORTED: "abort"}
+_ALLOWED_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
+    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED}),
+    RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED, *_FINISHED}),
+    RequestStatus.PREEMPTED: frozenset({RequestStatus.WAITING, RequestStatus.FINISHED_ABORTED}),
+}
+
+
+class IllegalTransitionError(RuntimeError):
+    """Raised when a request is moved between states the state machine does not connect."""
+
+
+@dataclass
+class RequestTimes:
+    """Monotonic timestamps (seconds) of a request's life; None until the event happens."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+class Request:
+    """One generated sequence. The scheduler and KV cache manager own its progress fields and block table."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_ids: frozenset[int] = frozenset(), arrival_order: int = 0, priority: int = 0,
+                 arrival_time: float | None = None) -> None:
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        self.request_id = request_id
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.arrival_order = arrival_order
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens
+        self.last_token_id = self.all_token_ids[-1]
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache (first schedule)
+        self.block_table: list[int] = []
+        self.num_preemptions = 0
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+        self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
+
+    # -- token views ---------------------------------------------------------------------------------------------
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.all_token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        self.num_tokens += 1
+        self.last_token_id = token_id
+
+    # -- state machine -------------------------------------------------------------------------------------------
+    def transition(self, new_status: RequestStatus, now: float | None = None) -> None:
+        """Move to `new_status`, or raise IllegalTransitionError; stamps first-scheduled and finished times."""
+        if new_status not in _ALLOWED_TRANSITIONS.get(self.status, frozenset()):
+            raise IllegalTransitionError(
+                f"request {self.request_id}: illegal transition {self.status.name} -> {new_status.name}")
+        self.status = new_status
+        now = time.monotonic() if now is None else now
+        if new_status is RequestStatus.RUNNING and self.times.first_scheduled is None:
+            self.times.first_scheduled = now
+        elif new_status is RequestStatus.PREEMPTED:
+            self.num_preemptions += 1
+        elif new_status.is_finished:
+            self.times.finished = now
+
+    def record_token_time(self, now: float) -> None:
+        if self.times.first_token is None:
+            self.times.first_token = now
+        self.times.last_token = now
+
+    # -- compact pickling for worker processes (seed 002) --------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Before the first output token the whole prompt travels; afterwards only the last token does."""
+        state = self.__dict__.copy()
+        if self.num_output_tokens > 0:
+            state["all_token_ids"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")

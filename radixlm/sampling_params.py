@@ -1,0 +1,176 @@
+"""SamplingParams: how to generate, with OpenAI / vLLM field names, validated once and frozen."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+
+MAX_LOGPROBS = 20
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request generation settings.
+
+    Defaults follow vLLM: `temperature=1.0` samples, `temperature=0` is greedy (exact argmax); `top_k` 0 or -1 and
+    `top_p` 1 disable those filters; `max_tokens=None` generates up to the model's context. Sequences (`stop`,
+    `stop_token_ids`) are stored as tuples and `logit_bias` as a tuple of `(token_id, bias)` pairs, so the object is
+    immutable and hashable. Every invalid value raises ValueError naming the field and the allowed range.
+    """
+
+    n: int = 1
+    best_of: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] | Mapping[int, float] | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | str | None = ()
+    stop_token_ids: tuple[int, ...] | None = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        self._check_counts()
+        self._check_floats()
+        self._check_lists()
+
+    # -- normalisation -----------------------------------------------------------------------------------------
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _normalize(self) -> None:
+        if self.stop is None:
+            self._set("stop", ())
+        elif isinstance(self.stop, str):
+            self._set("stop", (self.stop,))
+        elif isinstance(self.stop, Iterable):
+            self._set("stop", tuple(self.stop))
+        if self.stop_token_ids is None:
+            self._set("stop_token_ids", ())
+        elif isinstance(self.stop_token_ids, Iterable):
+            self._set("stop_token_ids", tuple(self.stop_token_ids))
+        if self.top_k == -1:
+            self._set("top_k", 0)
+        if isinstance(self.logit_bias, Mapping):
+            self._set("logit_bias", tuple(sorted((_bias_key(k), v) for k, v in self.logit_bias.items())))
+        elif self.logit_bias is not None:
+            self._set("logit_bias", tuple((_bias_key(k), v) for k, v in self.logit_bias))
+        if self.logit_bias == ():
+            self._set("logit_bias", None)
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty"):
+            value = getattr(self, name)
+            if _is_int(value):
+                self._set(name, float(value))
+
+    # -- validation --------------------------------------------------------------------------------------------
+    def _check_counts(self) -> None:
+        _require_int("n", self.n, low=1)
+        if self.best_of is not None:
+            _require_int("best_of", self.best_of, low=1)
+            if self.best_of < self.n:
+                raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
+        if self.max_tokens is not None:
+            _require_int("max_tokens", self.max_tokens, low=1)
+        _require_int("min_tokens", self.min_tokens, low=0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+        _require_int("top_k", self.top_k, low=0, note=" (0 or -1 disables it)")
+        if self.seed is not None:
+            _require_int("seed", self.seed, low=-(2**63), high=2**64 - 1)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_int(name, value, low=0, high=MAX_LOGPROBS)
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
+                     "spaces_between_special_tokens", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+
+    def _check_floats(self) -> None:
+        _require_float("temperature", self.temperature, low=0.0, note=" (0 = greedy)")
+        _require_float("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _require_float("min_p", self.min_p, low=0.0, high=1.0)
+        _require_float("repetition_penalty", self.repetition_penalty, low=0.0, low_open=True, note=" (1 = off)")
+        _require_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        _require_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        for token_id, bias in self.logit_bias or ():
+            if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for {token_id}")
+
+    def _check_lists(self) -> None:
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, tuple) or not all(
+                _is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+
+    # -- derived -----------------------------------------------------------------------------------------------
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def num_sequences(self) -> int:
+        """How many sequences are generated (best_of when ranking, else n)."""
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def logit_bias_dict(self) -> dict[int, float]:
+        return dict(self.logit_bias or ())
+
+    def replace(self, **changes: object) -> SamplingParams:
+        """A copy with some fields changed (validated again)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def _bias_key(key: object) -> int:
+    try:
+        token_id = int(key)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+    if token_id < 0:
+        raise ValueError(f"logit_bias keys must be token ids >= 0, got {key!r}")
+    return token_id
+
+
+def _require_int(name: str, value: object, low: int, high: int | None = None, note: str = "") -> None:
+    if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {allowed}{note}, got {value!r}")
+
+
+def _require_float(name: str, value: object, low: float, high: float | None = None, low_open: bool = False,
+                   note: str = "") -> None:
+    too_low = _is_number(value) and (value <= low if low_open else value < low)  # type: ignore[operator]
+    too_high = _is_number(value) and high is not None and value > high  # type: ignore[operator]
+    if not _is_number(value) or too_low or too_high:
+        left = "(" if low_open else "["
+        allowed = f"> {low}" if low_open else f">= {low}"
+        if high is not None:
+            allowed = f"in {left}{low}, {high}]"
+        raise ValueError(f"{name} must be a finite number {allowed}{note}, got {value!r}")

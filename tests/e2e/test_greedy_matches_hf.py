@@ -1,0 +1,55 @@
+"""Greedy output equals HF generate token for token, whatever the batching, chunking or preemption."""
+
+import pytest
+import torch
+
+from e2e.hf_reference import hf_greedy, run_engine
+from radixlm.engine.llm_engine import build_engine
+from radixlm.sampling_params import SamplingParams
+
+ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2"]
+PROMPT_LENS = [5, 17, 40, 3, 60, 23, 1, 33]
+MAX_NEW = 24
+SCENARIOS = {
+    "all-at-once": dict(num_kv_blocks=256, block_size=4, max_num_batched_tokens=2048),
+    "chunked-prefill": dict(num_kv_blocks=256, block_size=4, max_num_batched_tokens=7),
+    "preemption": dict(num_kv_blocks=24, block_size=4, max_num_batched_tokens=64),
+}
+
+
+def random_prompts(seed: int = 1) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 300, (n,), generator=generator).tolist() for n in PROMPT_LENS]
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model_dir):
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = hf_greedy(tiny_model_dir(arch), random_prompts(), MAX_NEW)
+        return cache[arch]
+
+    return get
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_matches_hf_generate(arch, scenario, tiny_model_dir, references):
+    engine = build_engine(model=str(tiny_model_dir(arch)), **SCENARIOS[scenario])
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outputs = run_engine(engine, random_prompts(), params)
+    assert outputs == references(arch)
+    if scenario == "preemption":
+        assert engine.scheduler.num_preemptions > 0, "the scenario did not force preemption"
+
+
+def test_eos_stops_like_hf(tiny_model_dir):
+    model_dir = tiny_model_dir("llama")
+    prompts = random_prompts(seed=7)
+    engine = build_engine(model=str(model_dir), num_kv_blocks=256, block_size=4)
+    eos = engine.tokenizer.eos_token_id
+    prompts = [[*p, eos] for p in prompts]  # eos in the prompt must not stop anything
+    outputs = run_engine(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    assert outputs == [r[:r.index(eos) + 1] if eos in r else r for r in hf_greedy(model_dir, prompts, MAX_NEW)]

@@ -1,0 +1,33 @@
+"""Drive the scheduler with a fake model: every sampled token is `token_id`."""
+
+from __future__ import annotations
+
+from radixlm.config import SchedulerConfig
+from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.scheduler import Scheduler
+from radixlm.request import Request
+from radixlm.sampling_params import SamplingParams
+
+EOS = 2
+
+
+def make_scheduler(num_blocks=64, block_size=4, max_model_len=256, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), KVCacheManager(num_blocks, block_size), max_model_len)
+
+
+def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority: int = 0, order: int = 0,
+                 **params) -> Request:
+    return Request(request_id, list(range(10, 10 + prompt_len)), SamplingParams(max_tokens=max_tokens, **params),
+                   eos_token_ids=frozenset({EOS}), arrival_order=order, priority=priority)
+
+
+def step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
+    output = scheduler.schedule()
+    scheduler.update_from_output(output, [token_id] * len(output.sampling_request_ids))
+    scheduler.check_invariants()
+    return output
+
+
+def chunk_sizes(output: SchedulerOutput) -> dict[str, int]:
+    return {chunk.request_id: chunk.num_tokens for chunk in output.chunks}
