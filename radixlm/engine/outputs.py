@@ -1,8 +1,29 @@
-"""What the engine hands back per request and step: vLLM-shaped RequestOutput / CompletionOutput."""
+"""What the engine hands back per request and step: vLLM-shaped RequestOutput / CompletionOutput.
+
+Contract (shared by the offline API and the server):
+- `LLMEngine.step()` returns one RequestOutput per user request that changed in the step. Its `outputs` hold the
+  CompletionOutputs (one per sequence index; n > 1 gives several) that changed in this step, each with its
+  cumulative `text` / `token_ids` / `logprobs` and the `delta_*` part added by this step.
+- `RequestOutput.finished` is true once every sequence of the request has finished; the offline API collects
+  the final state of every index.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """The log-probability of one token at one position, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# For one position: token id -> Logprob, holding the chosen token plus the top alternatives asked for.
+PositionLogprobs = dict[int, Logprob]
 
 
 @dataclass
@@ -18,7 +39,7 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence: cumulative `text`/`token_ids`, plus what this step added (`delta_*`)."""
+    """One generated sequence: cumulative `text`/`token_ids`/`logprobs`, plus what this step added (`delta_*`)."""
 
     index: int
     text: str
@@ -27,6 +48,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None  # one entry per generated token, when asked
+    delta_logprobs: list[PositionLogprobs] | None = None
 
     @property
     def finished(self) -> bool:
@@ -42,3 +66,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # first position None, as in vLLM
