@@ -1,10 +1,20 @@
-"""KVCacheManager: gives requests the KV blocks their token progress needs, and takes them back."""
+"""KVCacheManager: gives requests the KV blocks their token progress needs, reusing cached prefixes.
+
+A request's block table lives on the request (`request.block_table`). With prefix caching on, a new request
+starts from its longest cached prefix: full blocks are shared (ref counts), a match ending inside a block gets a
+fresh block holding a copy of the matched part (copy-on-write, token-granular hits). Computed tokens go into the
+radix tree after each prefill chunk and when the request ends (finished, aborted or preempted), so the next turn or
+the resumed request hits. When the pool runs short, unlocked least-recently-used tree leaves are evicted before
+the caller has to preempt anyone.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from radixlm.core.block_pool import BlockPool
+from radixlm.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from radixlm.request import Request
 
 
@@ -12,16 +22,27 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@dataclass
+class PrefixCacheStats:
+    """Prompt tokens looked up at first admission and how many of them were cached."""
+
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
+
 class KVCacheManager:
-    """Owns the block pool; each request's block table lives on the request (`request.block_table`).
+    """Owns the block pool and (optionally) the radix tree over it."""
 
-    A request computing `num_new_tokens` more tokens needs blocks for positions `0 .. num_computed + num_new - 1`.
-    `can_allocate` / `allocate_slots` check and extend its table; `free` drops all of its blocks.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
+        self.radix_cache = RadixCache(self.block_pool, block_size) if enable_prefix_caching else None
+        self.stats = PrefixCacheStats()
+        self._locked_nodes: dict[str, RadixNode] = {}  # request id -> the tree node its blocks are locked under
 
     @property
     def num_blocks(self) -> int:
@@ -36,34 +57,108 @@ class KVCacheManager:
         return self.block_pool.usage
 
     @property
-    def capacity_tokens(self) -> int:
-        return self.block_pool.num_blocks * self.block_size
+    def num_evicted_blocks(self) -> int:
+        return self.radix_cache.num_evicted_blocks if self.radix_cache else 0
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         """Blocks to add to `request.block_table` so that `num_new_tokens` more tokens have slots."""
         total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - len(request.block_table))
 
-    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
-        return self.block_pool.can_allocate(self.num_blocks_needed(request, num_new_tokens))
+    def _allocate_blocks(self, num_blocks: int) -> list[int] | None:
+        """Take free blocks, evicting unlocked tree leaves if needed; None (nothing taken) if still short."""
+        missing = num_blocks - self.block_pool.num_free_blocks
+        if missing > 0 and self.radix_cache is not None:
+            self.radix_cache.evict(missing)
+        if not self.block_pool.can_allocate(num_blocks):
+            return None
+        return self.block_pool.allocate(num_blocks)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Extend the request's block table for `num_new_tokens` more tokens; False (and no change) if short."""
-        needed = self.num_blocks_needed(request, num_new_tokens)
-        if not self.block_pool.can_allocate(needed):
+        block_ids = self._allocate_blocks(self.num_blocks_needed(request, num_new_tokens))
+        if block_ids is None:
             return False
-        request.block_table.extend(self.block_pool.allocate(needed))
+        request.block_table.extend(block_ids)
         return True
 
+    # -- prefix reuse ------------------------------------------------------------------------------------------
+    def match_prefix(self, request: Request) -> PrefixMatch | None:
+        """The cached prefix a request with nothing computed could start from (at least one token is left to
+        compute, so the request still gets logits). None when caching is off."""
+        if self.radix_cache is None:
+            return None
+        return self.radix_cache.match_prefix(request.all_token_ids[:request.num_tokens - 1])
+
+    def cached_prefix_length(self, request: Request) -> int:
+        """Like `match_prefix(...).num_tokens`, without touching the tree (for ordering waiting requests)."""
+        if self.radix_cache is None:
+            return 0
+        return self.radix_cache.match_length(request.all_token_ids[:request.num_tokens - 1])
+
+    def allocate_with_prefix(self, request: Request, match: PrefixMatch | None, num_new_tokens: int,
+                             block_copies: list[tuple[int, int, int]]) -> bool:
+        """Start a request with nothing computed: share `match`'s full blocks, copy its partial block, and add
+        slots for `num_new_tokens` tokens after the match. Appends the copy to `block_copies`. False if short."""
+        if match is None or match.num_tokens == 0:
+            return self.allocate_slots(request, num_new_tokens)
+        assert self.radix_cache is not None and request.num_computed_tokens == 0 and not request.block_table
+        self.radix_cache.lock(match.node)  # before allocating: eviction must not take the matched path
+        num_full = match.num_tokens // self.block_size
+        num_fresh = cdiv(match.num_tokens + num_new_tokens, self.block_size) - num_full
+        fresh = self._allocate_blocks(num_fresh)
+        if fresh is None:
+            self.radix_cache.unlock(match.node)
+            return False
+        shared = match.block_ids[:num_full]
+        self.block_pool.incref(shared)
+        partial = match.num_tokens % self.block_size
+        if partial:
+            block_copies.append((match.block_ids[num_full], fresh[0], partial))
+        request.block_table = shared + fresh
+        request.num_computed_tokens = match.num_tokens
+        self._locked_nodes[request.request_id] = match.node
+        return True
+
+    def record_admission(self, request: Request) -> None:
+        """Count a first admission in the hit-rate statistics and on the request."""
+        request.num_cached_tokens = request.num_computed_tokens
+        self.stats.num_queried_tokens += request.num_prompt_tokens
+        self.stats.num_hit_tokens += request.num_computed_tokens
+
+    def cache_computed(self, request: Request) -> None:
+        """Insert the request's computed tokens into the tree and move its lock to the new node."""
+        if self.radix_cache is None or request.num_computed_tokens == 0:
+            return
+        node = self.radix_cache.insert(request.all_token_ids[:request.num_computed_tokens], request.block_table)
+        self.radix_cache.lock(node)
+        old = self._locked_nodes.pop(request.request_id, None)
+        if old is not None:
+            self.radix_cache.unlock(old)
+        self._locked_nodes[request.request_id] = node
+
     def free(self, request: Request) -> None:
-        """Drop the request's hold on all its blocks (shared blocks stay with their other holders)."""
+        """Release the request's blocks; with caching on its computed tokens stay in the tree for others."""
+        self.cache_computed(request)
+        node = self._locked_nodes.pop(request.request_id, None)
+        if node is not None:
+            self.radix_cache.unlock(node)  # type: ignore[union-attr]
         self.block_pool.free(reversed(request.block_table))  # tail first: those blocks are the least reusable
         request.block_table = []
 
+    def reset_prefix_cache(self) -> None:
+        """Evict every unlocked tree node (all of them when no request is live)."""
+        if self.radix_cache is not None:
+            self.radix_cache.reset()
+
     def check_invariants(self, live_requests: Iterable[Request]) -> None:
-        """Pool consistency, and every block's ref count equals the number of live requests holding it."""
+        """Pool and tree consistency; every block's ref count equals its holders (live requests + tree nodes)."""
         self.block_pool.check_invariants()
         holders = [0] * self.block_pool.num_blocks
+        if self.radix_cache is not None:
+            self.radix_cache.check_invariants()
+            for block_id, count in self.radix_cache.block_refs().items():
+                holders[block_id] += count
         for request in live_requests:
             assert len(request.block_table) * self.block_size >= request.num_computed_tokens, (
                 f"{request}: block table too short for its computed tokens")

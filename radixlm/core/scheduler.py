@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.core.prefix_policy import InFlightPrefill, duplicates_in_flight_prefill, order_by_cached_prefix
 from radixlm.core.request_queue import PriorityWaitingQueue, WaitingQueue
 from radixlm.request import Request, RequestStatus
 
@@ -34,6 +35,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_computed_prompt_tokens = 0  # prompt tokens whose K/V were computed (not taken from the cache)
 
     # -- admission ---------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -95,21 +97,40 @@ class Scheduler:
                 scheduled[request.request_id] = self._chunk(request, num_new)
                 budget -= num_new
         if not output.preempted_request_ids:
-            self._schedule_waiting(budget, scheduled)
+            self._schedule_waiting(budget, scheduled, output)
         output.chunks = list(scheduled.values())
         return output
 
-    def _schedule_waiting(self, budget: int, scheduled: dict[str, ScheduledChunk]) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
-            num_new = min(request.num_uncomputed_tokens, budget)
-            if not self.kv_cache_manager.allocate_slots(request, num_new):
+    def _schedule_waiting(self, budget: int, scheduled: dict[str, ScheduledChunk], output: SchedulerOutput) -> None:
+        """Admit waiting requests in queue order, each starting from its cached prefix."""
+        kv = self.kv_cache_manager
+        if (self.config.schedule_policy == "lpm" and kv.radix_cache is not None
+                and len(self.waiting) <= self.config.lpm_fallback_queue_len):
+            self.waiting.reorder(order_by_cached_prefix(list(self.waiting), kv))
+        in_flight = [InFlightPrefill(self.requests[c.request_id].all_token_ids, c.start_position, c.context_len)
+                     for c in scheduled.values() if c.num_tokens > 1]
+        for request in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            self.waiting.pop()
+            match = kv.match_prefix(request)
+            num_cached = match.num_tokens if match else 0
+            if in_flight and kv.radix_cache is not None and \
+                    duplicates_in_flight_prefill(request, num_cached, in_flight):
+                continue  # next step its prefix is in the tree
+            num_new = min(request.num_tokens - num_cached, budget)
+            if not kv.allocate_with_prefix(request, match, num_new, output.block_copies):
+                break
+            first_admission = request.times.first_scheduled is None
+            self.waiting.remove(request)
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
-            scheduled[request.request_id] = self._chunk(request, num_new)
+            if first_admission:
+                kv.record_admission(request)
+            chunk = self._chunk(request, num_new)
+            scheduled[request.request_id] = chunk
             budget -= num_new
+            if num_new > 1:
+                in_flight.append(InFlightPrefill(request.all_token_ids, chunk.start_position, chunk.context_len))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
@@ -144,7 +165,11 @@ class Scheduler:
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
+            self.num_computed_prompt_tokens += max(
+                0, min(chunk.context_len, request.num_prompt_tokens) - chunk.start_position)
             request.num_computed_tokens += chunk.num_tokens
+            if chunk.num_tokens > 1:
+                self.kv_cache_manager.cache_computed(request)  # later requests (and this one, if preempted) hit
             if not chunk.samples:
                 continue
             token_id = sampled[chunk.request_id]

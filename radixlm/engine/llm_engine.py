@@ -36,7 +36,8 @@ class LLMEngine:
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_dir)
         self.runner = ModelRunner(model_dir, config.model, config.cache)
         self.max_model_len = self._max_model_len()
-        kv_cache_manager = KVCacheManager(self.runner.kv_cache.num_blocks, config.cache.block_size)
+        kv_cache_manager = KVCacheManager(self.runner.kv_cache.num_blocks, config.cache.block_size,
+                                          config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len)
         self.sampler = Sampler(config.model.seed)
         self.eos_token_ids = self._eos_token_ids()

@@ -36,6 +36,14 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], params: SamplingPara
             if output.finished:
                 finished[output.request_id] = output.outputs[0].token_ids
         engine.check_invariants()
-    manager = engine.scheduler.kv_cache_manager
-    assert manager.num_free_blocks == manager.num_blocks, "blocks leaked after all requests finished"
+    assert_all_blocks_released(engine)
     return [finished[f"req-{index}"] for index in range(len(prompts))]
+
+
+def assert_all_blocks_released(engine: LLMEngine) -> None:
+    """With no live request, only the radix tree holds blocks; after evicting it, every block is free."""
+    manager = engine.scheduler.kv_cache_manager
+    tree_blocks = set(manager.radix_cache.block_refs()) if manager.radix_cache else set()
+    assert manager.block_pool.num_used_blocks == len(tree_blocks), "blocks leaked after all requests finished"
+    manager.reset_prefix_cache()
+    assert manager.num_free_blocks == manager.num_blocks, "blocks leaked after evicting the prefix cache"

@@ -1,0 +1,42 @@
+"""Cache-aware scheduling helpers: longest-prefix-match ordering and in-batch prefix de-duplication."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.request import Request
+
+# A waiting request that would recompute at least this many tokens another chunk computes in the same step waits a
+# step instead, and then finds them in the tree. Below it, waiting costs more than recomputing.
+IN_BATCH_PREFIX_THRESHOLD = 32
+
+
+@dataclass
+class InFlightPrefill:
+    """A chunk scheduled this step that computes positions `[start, end)` of `token_ids` (not yet in the tree)."""
+
+    token_ids: list[int]
+    start: int
+    end: int
+
+
+def order_by_cached_prefix(waiting: list[Request], kv_cache_manager: KVCacheManager) -> list[Request]:
+    """Longest cached prefix first (SGLang's `lpm`); ties keep their current (first come, first served) order."""
+    lengths = {request.request_id: kv_cache_manager.cached_prefix_length(request) for request in waiting}
+    return sorted(waiting, key=lambda request: -lengths[request.request_id])
+
+
+def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: list[InFlightPrefill]) -> bool:
+    """Would `request`, starting at `num_cached`, compute at least IN_BATCH_PREFIX_THRESHOLD tokens that a chunk
+    already scheduled this step computes for another request?"""
+    tokens = request.all_token_ids
+    for prefill in in_flight:
+        limit = min(len(tokens), prefill.end)
+        common = 0
+        while common < limit and tokens[common] == prefill.token_ids[common]:
+            common += 1
+        overlap = min(common, prefill.end) - max(num_cached, prefill.start)
+        if overlap >= IN_BATCH_PREFIX_THRESHOLD:
+            return True
+    return False

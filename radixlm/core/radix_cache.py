@@ -1,0 +1,224 @@
+"""RadixCache: a token tree whose nodes hold KV blocks, so requests sharing a prefix reuse its K/V.
+
+Each node owns an edge of token ids covering absolute positions `[start, end)` from the root, and holds one
+reference on every block that overlaps that range (block indices `start // block_size .. (end - 1) // block_size`).
+A block at a branch point can overlap a parent and a child: both hold a reference. For a path, the block of index
+`i` is the one of the deepest node overlapping `i`: a child that starts inside a block carries its own copy of the
+parent's tokens in that block, so reading the child's block is right whether the match stops in the parent or goes
+on into the child.
+
+Lock references protect the nodes running requests use (a lock on a node counts on every ancestor); eviction takes
+least-recently-used unlocked leaves. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from radixlm.core.block_pool import BlockPool
+
+
+class RadixNode:
+    __slots__ = ("block_ids", "children", "last_access", "lock_ref", "parent", "start", "token_ids")
+
+    def __init__(self, token_ids: list[int], start: int, block_ids: list[int], parent: RadixNode | None) -> None:
+        self.token_ids = token_ids
+        self.start = start
+        self.block_ids = block_ids
+        self.parent = parent
+        self.children: dict[int, RadixNode] = {}
+        self.lock_ref = 0
+        self.last_access = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+    def __repr__(self) -> str:
+        return f"RadixNode([{self.start}, {self.end}), blocks={self.block_ids}, lock={self.lock_ref})"
+
+
+@dataclass
+class PrefixMatch:
+    """`num_tokens` matched; `block_ids` cover positions `0 .. num_tokens - 1` (the last may be partly used)."""
+
+    num_tokens: int
+    block_ids: list[int]
+    node: RadixNode
+
+
+def _common_prefix_len(a: list[int], b: list[int], offset: int) -> int:
+    """Length of the common prefix of `a` and `b[offset:]`."""
+    limit = min(len(a), len(b) - offset)
+    for i in range(limit):
+        if a[i] != b[offset + i]:
+            return i
+    return limit
+
+
+class RadixCache:
+    """Token tree over the block pool; see the module docstring for the block layout."""
+
+    def __init__(self, block_pool: BlockPool, block_size: int) -> None:
+        self.block_pool = block_pool
+        self.block_size = block_size
+        self.root = RadixNode([], 0, [], None)
+        self.root.lock_ref = 1  # never evicted
+        self._clock = itertools.count(1)
+        self.num_evicted_blocks = 0
+
+    # -- lookups -----------------------------------------------------------------------------------------------
+    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
+        """Longest cached prefix of `token_ids`; splits the last node so the match ends on a node boundary."""
+        node, matched = self._walk(token_ids, split=True)
+        self._touch(node)
+        return PrefixMatch(matched, self._path_blocks(node, matched), node)
+
+    def match_length(self, token_ids: list[int]) -> int:
+        """Length of the longest cached prefix, without changing the tree or its LRU order."""
+        return self._walk(token_ids, split=False)[1]
+
+    def _walk(self, token_ids: list[int], split: bool) -> tuple[RadixNode, int]:
+        node, matched = self.root, 0
+        while matched < len(token_ids):
+            child = node.children.get(token_ids[matched])
+            if child is None:
+                break
+            common = _common_prefix_len(child.token_ids, token_ids, matched)
+            matched += common
+            if common < len(child.token_ids):
+                if split:
+                    node = self._split(child, common)
+                break
+            node = child
+        return node, matched
+
+    def _path_blocks(self, node: RadixNode, num_tokens: int) -> list[int]:
+        num_blocks = -(-num_tokens // self.block_size)
+        block_ids = [-1] * num_blocks
+        filled_below = num_blocks  # indices >= this are already taken from a deeper node
+        while node is not self.root:
+            first = node.start // self.block_size
+            for offset in range(min(len(node.block_ids), filled_below - first)):
+                block_ids[first + offset] = node.block_ids[offset]
+            filled_below = min(filled_below, first)
+            node = node.parent  # type: ignore[assignment]
+        return block_ids
+
+    # -- updates -----------------------------------------------------------------------------------------------
+    def insert(self, token_ids: list[int], block_table: list[int]) -> RadixNode:
+        """Cache `token_ids` whose K/V live in `block_table` (a request's table); returns the node ending there.
+
+        Parts already cached keep their blocks; the new suffix takes a reference on the request's blocks.
+        """
+        node, matched = self._walk(token_ids, split=True)
+        if matched < len(token_ids):
+            first = matched // self.block_size
+            last = -(-len(token_ids) // self.block_size)
+            new_blocks = block_table[first:last]
+            self.block_pool.incref(new_blocks)
+            child = RadixNode(token_ids[matched:], matched, new_blocks, node)
+            node.children[child.token_ids[0]] = child
+            node = child
+        self._touch(node)
+        return node
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Split `node` after `at` tokens; returns the new upper part (the lower part keeps `node`)."""
+        boundary = node.start + at
+        parent = node.parent
+        assert parent is not None
+        first_index = node.start // self.block_size
+        num_upper_blocks = -(-boundary // self.block_size) - first_index
+        upper = RadixNode(node.token_ids[:at], node.start, node.block_ids[:num_upper_blocks], parent)
+        upper.lock_ref = node.lock_ref
+        upper.last_access = node.last_access
+        parent.children[upper.token_ids[0]] = upper
+        lower_first = boundary // self.block_size - first_index
+        if boundary % self.block_size:  # the block at the boundary now overlaps both halves
+            self.block_pool.incref([node.block_ids[lower_first]])
+        node.token_ids = node.token_ids[at:]
+        node.block_ids = node.block_ids[lower_first:]
+        node.start = boundary
+        node.parent = upper
+        upper.children[node.token_ids[0]] = node
+        return upper
+
+    def _touch(self, node: RadixNode) -> None:
+        now = next(self._clock)
+        while node is not None:
+            node.last_access = now
+            node = node.parent  # type: ignore[assignment]
+
+    def lock(self, node: RadixNode) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not None:
+            if node.lock_ref <= 0:
+                raise ValueError(f"unlock of unlocked node {node}")
+            node.lock_ref -= 1
+            node = node.parent  # type: ignore[assignment]
+
+    def evict(self, num_blocks: int) -> int:
+        """Drop least-recently-used unlocked leaves until `num_blocks` blocks return to the pool (or none are left);
+        returns how many blocks were freed."""
+        free_before = self.block_pool.num_free_blocks
+        heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if leaf.lock_ref == 0]
+        heapq.heapify(heap)
+        while heap and self.block_pool.num_free_blocks - free_before < num_blocks:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.token_ids[0]]
+            self.block_pool.free(leaf.block_ids)
+            self.num_evicted_blocks += len(leaf.block_ids)
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return self.block_pool.num_free_blocks - free_before
+
+    def reset(self) -> None:
+        """Drop every unlocked node (all of them when nothing is running)."""
+        self.evict(self.block_pool.num_blocks)
+
+    # -- introspection -----------------------------------------------------------------------------------------
+    def _nodes(self) -> Iterator[RadixNode]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _leaves(self) -> Iterator[RadixNode]:
+        return (node for node in self._nodes() if not node.children)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(1 for _ in self._nodes())
+
+    def block_refs(self) -> dict[int, int]:
+        """Block id -> number of references the tree holds on it."""
+        refs: dict[int, int] = {}
+        for node in self._nodes():
+            for block_id in node.block_ids:
+                refs[block_id] = refs.get(block_id, 0) + 1
+        return refs
+
+    def check_invariants(self) -> None:
+        """Edges are non-empty and keyed by their first token, positions chain, blocks cover each edge exactly,
+        and a node's lock count covers the locks of its children."""
+        for node in self._nodes():
+            parent = node.parent
+            assert parent is not None and parent.children.get(node.token_ids[0]) is node, f"{node} badly linked"
+            assert node.token_ids, f"{node} has an empty edge"
+            assert node.start == parent.end, f"{node} does not start where {parent} ends"
+            expected = -(-node.end // self.block_size) - node.start // self.block_size
+            assert len(node.block_ids) == expected, f"{node} should hold {expected} blocks"
+            assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), f"{node} lock below children"
+            for block_id in node.block_ids:
+                assert self.block_pool.ref_count(block_id) > 0, f"{node} holds free block {block_id}"
