@@ -17,6 +17,15 @@ def _cmd_offline(args: argparse.Namespace) -> None:
                   batch_sizes, args.workload_seed, args.output_json)
 
 
+def _cmd_prefix(args: argparse.Namespace) -> None:
+    from radixlm.bench.prefix import bench_prefix
+    from radixlm.cli import engine_kwargs
+
+    options = engine_kwargs(args)
+    options.pop("enable_prefix_caching", None)  # the bench runs both settings
+    bench_prefix(options, args.workload_seed, args.random_prompts)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -31,3 +40,9 @@ def add_bench_commands(commands: Any) -> None:
     offline.add_argument("--output-json", type=Path, default=None)
     add_engine_args(offline)
     offline.set_defaults(handler=_cmd_offline)
+
+    prefix = kinds.add_parser("prefix", help="multi-turn, shared-prefix and random workloads, radix cache on vs off")
+    prefix.add_argument("--workload-seed", type=int, default=0)
+    prefix.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
+    add_engine_args(prefix)
+    prefix.set_defaults(handler=_cmd_prefix)
