@@ -1,0 +1,83 @@
+"""XGrammarBackend: the grammar backend on xgrammar (the library SGLang and vLLM default to)."""
+
+from __future__ import annotations
+
+import torch
+import xgrammar as xgr
+from transformers import PreTrainedTokenizerBase
+
+from radixlm.structured.spec import GrammarSpec
+
+
+def build_tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                         stop_token_ids: list[int]) -> xgr.TokenizerInfo:
+    """Tokenizer info with every added/special token except the stop tokens blanked out.
+
+    xgrammar would otherwise let tokens such as `<|im_start|>` appear inside JSON strings; an empty token is never
+    allowed. `vocab_size` is the model's, which may exceed the tokenizer's (the extra rows are never allowed).
+    """
+    detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    encoded_vocab = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    special_ids = set(tokenizer.added_tokens_decoder) | set(tokenizer.all_special_ids)
+    for token_id in special_ids - set(stop_token_ids):
+        if token_id < len(encoded_vocab):
+            encoded_vocab[token_id] = ""
+    return xgr.TokenizerInfo(encoded_vocab, vocab_type=detected.vocab_type, vocab_size=vocab_size,
+                             stop_token_ids=stop_token_ids, add_prefix_space=detected.add_prefix_space)
+
+
+class XGrammarMatcher:
+    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+        self._matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self._matcher.accept_token(token_id)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self._matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self._matcher.rollback(num_tokens)
+
+
+class XGrammarBackend:
+    """Compiles with one xgrammar compiler per model (it caches compiled grammars itself too)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids),
+                                             max_threads=1)
+
+    def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        try:
+            if spec.kind == "json_object":
+                return self._compiler.compile_builtin_json_grammar()
+            if spec.kind == "json_schema":
+                return self._compiler.compile_json_schema(spec.text, strict_mode=True)
+            if spec.kind == "regex":
+                return self._compiler.compile_regex(spec.text)
+            if spec.kind == "choice":
+                return self._compiler.compile_grammar(spec.as_ebnf_choice())
+            return self._compiler.compile_grammar(spec.text)
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(f"invalid {spec.kind} grammar: {_first_line(error)}") from None
+
+    def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled, max_rollback_tokens=-1))
+
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+        xgr.apply_token_bitmask_inplace(logits, bitmask[:len(rows)] if len(rows) < len(bitmask) else bitmask,
+                                        indices=rows)
+
+
+def _first_line(error: Exception) -> str:
+    """xgrammar prefixes messages with a timestamp and source location: keep the readable part."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    marker = text.find(": ", text.find(".cc:"))
+    return text[marker + 2:] if ".cc:" in text and marker != -1 else text

@@ -1,0 +1,106 @@
+"""The xgrammar backend: special tokens masked inside grammar text, a model vocab larger than the tokenizer's,
+readable compile errors, one compile per spec off the calling thread, rollback."""
+
+import threading
+
+import pytest
+import torch
+
+from radixlm.structured.compile_cache import GrammarCompileCache
+from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.xgrammar_backend import XGrammarBackend
+from tiny_models import VOCAB_SIZE, build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    return XGrammarBackend(tokenizer, VOCAB_SIZE, [tokenizer.eos_token_id])
+
+
+def allowed_ids(backend, matcher):
+    bitmask = backend.allocate_bitmask(1)
+    matcher.fill_bitmask(bitmask, 0)
+    logits = torch.zeros(1, VOCAB_SIZE)
+    backend.apply_bitmask(logits, bitmask, [0])
+    return set(torch.nonzero(logits[0] == 0).flatten().tolist())
+
+
+def feed(matcher, tokenizer, text):
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        assert matcher.accept_token(token_id), (text, token_id)
+
+
+def test_special_tokens_never_appear_inside_json_text(backend, tokenizer):
+    matcher = backend.new_matcher(backend.compile(GrammarSpec.json_object()))
+    feed(matcher, tokenizer, '{"a": "')
+    allowed = allowed_ids(backend, matcher)
+    assert tokenizer.convert_tokens_to_ids("<|im_start|>") not in allowed
+    assert tokenizer.convert_tokens_to_ids("<|endoftext|>") not in allowed
+    assert tokenizer.eos_token_id not in allowed  # stop tokens only once the value is complete
+    assert len(allowed) > 50
+
+
+def test_model_vocab_larger_than_the_tokenizer_is_masked(backend, tokenizer):
+    assert VOCAB_SIZE > len(tokenizer)
+    matcher = backend.new_matcher(backend.compile(GrammarSpec.json_object()))
+    feed(matcher, tokenizer, '{"a": "')
+    assert max(allowed_ids(backend, matcher)) < len(tokenizer)
+
+
+def test_grammar_termination_and_rollback(backend, tokenizer):
+    matcher = backend.new_matcher(backend.compile(GrammarSpec.from_choice(['yes "sir"', "no"])))
+    feed(matcher, tokenizer, "n")
+    assert not matcher.accept_token(tokenizer.encode("x", add_special_tokens=False)[0])
+    feed(matcher, tokenizer, "o")
+    assert allowed_ids(backend, matcher) == {tokenizer.eos_token_id}
+    assert matcher.accept_token(tokenizer.eos_token_id) and matcher.is_terminated()
+    matcher.rollback(2)
+    assert not matcher.is_terminated()
+    feed(matcher, tokenizer, 'o')
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (lambda: GrammarSpec.from_json_schema("{not json"), "json_schema is not valid JSON"),
+    (lambda: GrammarSpec.from_choice([]), "choice must be a non-empty list"),
+    (lambda: GrammarSpec.from_regex(""), "regex must be a non-empty string"),
+    (lambda: GrammarSpec("yaml", "x"), "structured output kind"),
+])
+def test_bad_specs_raise_value_errors(spec, message):
+    with pytest.raises(ValueError, match=message):
+        spec()
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (GrammarSpec.from_regex("a(b"), r"invalid regex grammar: .*parenthesis"),
+    (GrammarSpec.from_ebnf("root ::= ( "), r"invalid ebnf grammar: .*EBNF parser error"),
+    (GrammarSpec.from_json_schema({"type": "no-such-type"}), r"invalid json_schema grammar"),
+])
+def test_compile_errors_are_value_errors_naming_the_problem(backend, spec, message):
+    with pytest.raises(ValueError, match=message):
+        backend.compile(spec)
+
+
+def test_compile_cache_compiles_each_spec_once_on_a_worker_thread(backend):
+    threads = []
+
+    class Recording:
+        vocab_size = backend.vocab_size
+
+        def compile(self, spec):
+            threads.append(threading.current_thread().name)
+            return backend.compile(spec)
+
+    cache = GrammarCompileCache(Recording())
+    spec = GrammarSpec.from_json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
+    same = GrammarSpec.from_json_schema('{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+    assert cache.submit(spec) is cache.submit(same)
+    assert cache.compile(spec) is not None
+    assert len(threads) == 1 and threads[0].startswith("radixlm-grammar")
+    with pytest.raises(ValueError, match="invalid regex"):
+        cache.compile(GrammarSpec.from_regex("(("))
+    cache.shutdown()
