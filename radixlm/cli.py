@@ -1,4 +1,4 @@
-"""Command line: `radixlm generate`, `radixlm bench ...`; engine flags are generated from the config fields."""
+"""Command line: `radixlm generate`, `radixlm serve`, `radixlm bench ...`; engine flags come from the config fields."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     print(output.outputs[0].text)
 
 
+def _cmd_serve(args: argparse.Namespace) -> None:
+    from radixlm.config import EngineConfig
+    from radixlm.server.api_server import ServerOptions, run_server
+
+    options = engine_kwargs(args)
+    EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
+    server = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("RADIXLM_API_KEY"),
+                           max_request_bytes=args.max_request_bytes, log_level=args.log_level)
+    if not run_server(options, server):
+        sys.exit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows the KV cache size)")
@@ -69,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--sampling-seed", type=int, default=None)
     add_engine_args(generate)
     generate.set_defaults(handler=_cmd_generate)
+
+    serve = commands.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, SSE, metrics)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $RADIXLM_API_KEY)")
+    serve.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413")
+    add_engine_args(serve)
+    serve.set_defaults(handler=_cmd_serve)
 
     from radixlm.bench.cli import add_bench_commands
 

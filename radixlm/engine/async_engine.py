@@ -1,0 +1,291 @@
+"""AsyncEngine: runs one LLMEngine in its own thread and streams each request's outputs to asyncio.
+
+Contract:
+- `start(loop)` builds the engine inside the engine thread, so a server answers (503) while the model loads;
+  `info` is None until the engine is ready.
+- `generate(prompts, params, ...)` hands a group of requests (one per prompt) to the engine thread and returns
+  once they are all admitted, or raises what admission raised: ValueError (a bad prompt), QueueFullError (too many
+  waiting requests) or EngineUnavailableError (loading, shutting down, failed). A failed group leaves nothing
+  queued. The returned OutputStream yields `(prompt index, RequestOutput)` until every request has finished.
+- The engine is not thread-safe: admissions and aborts are queued and applied by the engine thread between steps.
+  With no work the thread blocks on its command queue (no spinning: the CPU belongs to the model).
+- Outputs reach the event loop through one `loop.call_soon_threadsafe` per step.
+- `shutdown(reason)`: every live stream raises EngineUnavailableError(reason) and the thread exits after its step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from radixlm.engine.llm_engine import LLMEngine
+from radixlm.engine.outputs import RequestOutput
+from radixlm.metrics import EngineMetrics, SchedulerStats
+from radixlm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine cannot take or finish requests: it is loading, shutting down or has failed."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server needs from a loaded engine; the tokenizer is the event loop's own copy."""
+
+    tokenizer: PreTrainedTokenizerBase
+    max_model_len: int
+    vocab_size: int
+    schedule_policy: str
+
+
+def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
+    """Read by the engine thread between steps. KV usage counts the blocks live requests hold; blocks that only
+    the radix tree holds are evictable, so they count as cached rather than used (as vLLM and SGLang report)."""
+    scheduler = engine.scheduler
+    pool = scheduler.kv_cache_manager.block_pool
+    held = len({block_id for request in scheduler.running for block_id in request.block_table})
+    return SchedulerStats(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
+                          kv_cache_usage=held / pool.num_blocks,
+                          prefix_cache_usage=(pool.num_used_blocks - held) / pool.num_blocks,
+                          num_preemptions=scheduler.num_preemptions)
+
+
+class OutputStream:
+    """The outputs of a group of engine requests, as `(prompt index, RequestOutput)`, in step order.
+
+    Iterate it from the event loop; `abort()` (idempotent) aborts the requests that have not finished. A consumer
+    that stops early must call `abort()`, or the requests keep their KV blocks until they finish.
+    """
+
+    def __init__(self, engine: AsyncEngine, request_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._prompt_index = {request_id: i for i, request_id in enumerate(request_ids)}
+        self._unfinished = set(request_ids)
+
+    @property
+    def finished(self) -> bool:
+        return not self._unfinished
+
+    def abort(self) -> None:
+        if self._unfinished:
+            self._engine.abort(sorted(self._unfinished))
+            self._unfinished.clear()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        """Event-loop side of the hand-off (called through call_soon_threadsafe)."""
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        while self._unfinished or not self._queue.empty():
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._unfinished.clear()
+                raise item
+            if item.finished:
+                self._unfinished.discard(item.request_id)
+            return self._prompt_index[item.request_id], item
+        raise StopAsyncIteration
+
+
+@dataclass
+class _Admission:
+    prompts: list[list[int]]
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    stream: OutputStream
+    done: asyncio.Future[None] = field(repr=False)
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+_SHUTDOWN = object()
+
+
+class AsyncEngine:
+    """Owns the engine thread; see the module docstring for the contract."""
+
+    def __init__(self, engine_factory: Callable[[], LLMEngine], metrics: EngineMetrics,
+                 on_fatal: Callable[[], None] | None = None) -> None:
+        self.metrics = metrics
+        self.info: EngineInfo | None = None
+        self.failed = False  # the engine failed to load or to step; the server should exit non-zero
+        self._engine_factory = engine_factory
+        self._on_fatal = on_fatal
+        self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
+        # Guards _unavailable_reason, so that no admission is queued after the thread stopped taking them.
+        # Re-entrant: shutdown() runs in a signal handler, possibly while the loop thread holds the lock.
+        self._lock = threading.RLock()
+        self._unavailable_reason: str | None = None
+        self._streams: dict[str, OutputStream] = {}  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- event loop side ---------------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="radixlm-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why requests are refused now (loading, shutting down, failed), or None when serving."""
+        if self._unavailable_reason is not None:
+            return self._unavailable_reason
+        return "the model is loading" if self.info is None else None
+
+    async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams,
+                       priority: int = 0, arrival_time: float | None = None) -> OutputStream:
+        """Admit one request per prompt (ids `request_id` or `request_id-i`); see the module docstring."""
+        assert self._loop is not None, "start() first"
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        stream = OutputStream(self, ids)
+        done: asyncio.Future[None] = self._loop.create_future()
+        admission = _Admission(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done)
+        with self._lock:
+            reason = self.unavailable_reason
+            if reason is not None:
+                raise EngineUnavailableError(reason)
+            self._commands.put(admission)
+        try:
+            await done
+        except asyncio.CancelledError:
+            stream.abort()  # the abort is queued behind the admission, so it always finds the requests
+            raise
+        return stream
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort requests (thread-safe, idempotent); their final outputs still reach their stream."""
+        self._commands.put(_Abort(request_ids))
+
+    def shutdown(self, reason: str = "the server is shutting down") -> None:
+        """Fail every live request with EngineUnavailableError(reason) and stop the thread (thread-safe)."""
+        with self._lock:
+            if self._unavailable_reason is None:
+                self._unavailable_reason = reason
+        self._commands.put(_SHUTDOWN)
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- engine thread -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            engine = self._engine_factory()
+            self.info = EngineInfo(tokenizer=copy.deepcopy(engine.tokenizer), max_model_len=engine.max_model_len,
+                                   vocab_size=engine.runner.shape.vocab_size,
+                                   schedule_policy=engine.config.scheduler.schedule_policy)
+            self.metrics.observe_scheduler(scheduler_stats(engine))
+            logger.info("engine ready: max_model_len %d", engine.max_model_len)
+            while self._run_once(engine):
+                pass
+        except Exception as error:
+            logger.exception("engine thread failed")
+            self.failed = True
+            self._stop(None, f"the engine failed: {error}")
+            if self._on_fatal is not None:
+                self._on_fatal()
+
+    def _run_once(self, engine: LLMEngine) -> bool:
+        """Apply the queued commands, then run one step if there is work; False once shut down."""
+        batch: list[tuple[OutputStream, RequestOutput | BaseException]] = []
+        for command in self._take_commands(block=not engine.has_unfinished_requests()):
+            if command is _SHUTDOWN:
+                self._stop(engine, self._unavailable_reason or "the server is shutting down")
+                return False
+            if isinstance(command, _Admission):
+                self._admit(engine, command)
+            elif isinstance(command, _Abort):
+                outputs = [o for o in map(engine.abort_request, command.request_ids) if o is not None]
+                self._route(outputs, batch)
+        if engine.has_unfinished_requests():
+            self._route(engine.step(), batch)
+        self.metrics.observe_scheduler(scheduler_stats(engine))
+        self._deliver(batch)
+        return True
+
+    def _take_commands(self, block: bool) -> list[object]:
+        commands = [self._commands.get()] if block else []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _admit(self, engine: LLMEngine, admission: _Admission) -> None:
+        added: list[str] = []
+        error: BaseException | None = None
+        try:
+            for request_id, prompt in zip(admission.stream.request_ids, admission.prompts, strict=True):
+                engine.add_request(request_id, prompt, admission.params, priority=admission.priority,
+                                   arrival_time=admission.arrival_time)
+                added.append(request_id)
+                self._streams[request_id] = admission.stream
+        except Exception as exc:  # every admission error goes back to its caller, never kills the engine
+            error = exc
+            for request_id in added:
+                engine.abort_request(request_id)
+                del self._streams[request_id]
+        self._loop.call_soon_threadsafe(_resolve, admission.done, error)  # type: ignore[union-attr]
+
+    def _route(self, outputs: list[RequestOutput], batch: list[tuple[OutputStream, RequestOutput | BaseException]],
+               ) -> None:
+        self.metrics.observe_outputs(outputs, time.monotonic())
+        for output in outputs:
+            stream = self._streams.pop(output.request_id, None) if output.finished else \
+                self._streams.get(output.request_id)
+            if stream is not None:
+                batch.append((stream, output))
+
+    def _deliver(self, batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
+        if batch:
+            self._loop.call_soon_threadsafe(_put_all, batch)  # type: ignore[union-attr]
+
+    def _stop(self, engine: LLMEngine | None, reason: str) -> None:
+        """Refuse new work, fail every live stream and every queued admission with `reason`."""
+        with self._lock:
+            self._unavailable_reason = self._unavailable_reason or reason
+        for request_id in list(self._streams):
+            if engine is not None:
+                engine.abort_request(request_id)
+            self.metrics.observe_finished("error")
+        error = EngineUnavailableError(reason)
+        streams = set(self._streams.values())
+        self._streams.clear()
+        for command in self._take_commands(block=False):
+            if isinstance(command, _Admission):
+                self._loop.call_soon_threadsafe(_resolve, command.done, error)  # type: ignore[union-attr]
+        self._deliver([(stream, error) for stream in streams])
+
+
+def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.cancelled():
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
+def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
+    for stream, item in batch:
+        stream.put(item)

@@ -1,0 +1,118 @@
+"""Prometheus metrics of one serving engine, kept in their own CollectorRegistry (no module-global state).
+
+Names follow vLLM's (`radixlm:` prefix instead of `vllm:`). The engine thread records them after every step
+(`observe_outputs`, `observe_scheduler`); prometheus_client's metrics are thread-safe, so `/metrics` renders them
+from the event loop with `render()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from radixlm.engine.outputs import RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0)
+_REQUEST_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                    240.0, 480.0)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot of the scheduler taken by the engine thread between steps."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of KV blocks held by live requests, 0..1
+    prefix_cache_usage: float  # fraction held only by the prefix cache (evictable), 0..1
+    num_preemptions: int  # cumulative
+
+
+class EngineMetrics:
+    """TTFT / ITL / e2e / queue-time histograms, queue and KV gauges, token and request counters."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        labels = ["model_name"]
+        kw = {"labelnames": labels, "registry": self.registry}
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, buckets=buckets, **kw).labels(model_name)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, **kw).labels(model_name)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, **kw).labels(model_name)
+
+        self.ttft = histogram("radixlm:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.inter_token_latency = histogram("radixlm:inter_token_latency_seconds",
+                                             "Time between consecutive output steps of a request.", _LATENCY_BUCKETS)
+        self.e2e_latency = histogram("radixlm:e2e_request_latency_seconds", "Arrival to finish.", _REQUEST_BUCKETS)
+        self.queue_time = histogram("radixlm:request_queue_time_seconds", "Arrival to first scheduled.",
+                                    _REQUEST_BUCKETS)
+        self.num_running = gauge("radixlm:num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("radixlm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage = gauge("radixlm:kv_cache_usage_perc",
+                                    "Fraction of KV cache blocks held by live requests (0..1).")
+        self.prefix_cache_usage = gauge("radixlm:prefix_cache_usage_perc",
+                                        "Fraction of KV cache blocks held only by the prefix cache (evictable).")
+        self.prompt_tokens = counter("radixlm:prompt_tokens", "Prompt tokens of the requests that started.")
+        self.generation_tokens = counter("radixlm:generation_tokens", "Generated tokens.")
+        self.cached_tokens = counter("radixlm:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.")
+        self.preemptions = counter("radixlm:num_preemptions", "Requests preempted (recompute).")
+        self.requests_finished = Counter("radixlm:request_finished", "Finished requests by reason "
+                                         "(stop, length, abort, error).", labelnames=[*labels, "finished_reason"],
+                                         registry=self.registry)
+        self._model_name = model_name
+        self._last_token_time: dict[str, float] = {}
+        self._num_preemptions_seen = 0
+
+    def observe_outputs(self, outputs: Iterable[RequestOutput], now: float) -> None:
+        """Record one step's outputs (engine thread). `now` is the step's time.monotonic()."""
+        for output in outputs:
+            num_new_tokens = sum(len(c.delta_token_ids) for c in output.outputs)
+            last_time = self._last_token_time.get(output.request_id)
+            if last_time is None:  # first output of this request: it was prefilled (or aborted while waiting)
+                self.prompt_tokens.inc(len(output.prompt_token_ids))
+                self.cached_tokens.inc(output.num_cached_tokens)
+                if output.metrics.queue_time is not None:
+                    self.queue_time.observe(output.metrics.queue_time)
+                if output.metrics.ttft is not None:
+                    self.ttft.observe(output.metrics.ttft)
+            elif num_new_tokens:
+                self.inter_token_latency.observe(now - last_time)
+            self.generation_tokens.inc(num_new_tokens)
+            if output.finished:
+                self._last_token_time.pop(output.request_id, None)
+                self.observe_finished(_finish_reason(output))
+                if output.metrics.e2e is not None:
+                    self.e2e_latency.observe(output.metrics.e2e)
+            else:
+                self._last_token_time[output.request_id] = now
+
+    def observe_finished(self, reason: str) -> None:
+        self.requests_finished.labels(self._model_name, reason).inc()
+
+    def observe_scheduler(self, stats: SchedulerStats) -> None:
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.kv_cache_usage.set(stats.kv_cache_usage)
+        self.prefix_cache_usage.set(stats.prefix_cache_usage)
+        if stats.num_preemptions > self._num_preemptions_seen:
+            self.preemptions.inc(stats.num_preemptions - self._num_preemptions_seen)
+        self._num_preemptions_seen = stats.num_preemptions
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+def _finish_reason(output: RequestOutput) -> str:
+    """One reason per request: abort if any sequence was aborted, else the reason of the last one to finish."""
+    reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+    return "abort" if "abort" in reasons else (reasons[-1] if reasons else "stop")

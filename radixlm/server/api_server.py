@@ -1,0 +1,174 @@
+"""The OpenAI-compatible HTTP server: an app factory (no module-global state) and `run_server` (uvicorn).
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize
+(all behind `--api-key` when set), GET /health (503 until the engine is ready), GET /metrics (Prometheus).
+The server answers while the model loads; SIGINT/SIGTERM end every running request with an error, then exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+
+from radixlm.config import DEFAULT_MODEL
+from radixlm.engine.async_engine import AsyncEngine
+from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.metrics import CONTENT_TYPE, EngineMetrics
+from radixlm.server.chat import ChatCompletions
+from radixlm.server.completions import Completions
+from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
+from radixlm.server.protocol import DetokenizeRequest, TokenizeRequest
+from radixlm.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from radixlm.server.serving import OpenAIServing, chat_prompt_ids
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
+SHUTDOWN_JOIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The HTTP side of `radixlm serve` (the engine side is EngineConfig)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    log_level: str = "warning"
+
+
+def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    bearer = HTTPBearer(auto_error=False)
+
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        credentials = await bearer(request)
+        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
+            raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
+                           code="invalid_api_key")
+
+    return check
+
+
+def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_path: str | None = None,
+               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               on_fatal: Callable[[], None] | None = None) -> FastAPI:
+    """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup.
+
+    `app.state.async_engine` is the app's AsyncEngine (its `shutdown()` is what SIGINT/SIGTERM call).
+    """
+    async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name), on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start(asyncio.get_running_loop())
+        yield
+        async_engine.shutdown()
+        await asyncio.to_thread(async_engine.join, SHUTDOWN_JOIN_SECONDS)
+
+    app = FastAPI(title="radixlm", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    app.state.async_engine = async_engine
+    install_error_handlers(app)
+    app.include_router(_api_router(async_engine, model_name, model_path or model_name),
+                       dependencies=[Depends(_api_key_check(api_key))])
+
+    @app.get("/health")
+    async def health() -> Response:
+        reason = async_engine.unavailable_reason
+        if reason is not None:
+            return APIError(503, reason, code="engine_unavailable").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(async_engine.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _api_router(async_engine: AsyncEngine, model_name: str, model_path: str) -> APIRouter:
+    router = APIRouter()
+    serving = OpenAIServing(async_engine, model_name)
+    router.add_api_route("/v1/chat/completions", ChatCompletions(async_engine, model_name).create, methods=["POST"])
+    router.add_api_route("/v1/completions", Completions(async_engine, model_name).create, methods=["POST"])
+    created = int(time.time())
+
+    @router.get("/v1/models")
+    async def models() -> ModelList:
+        info = async_engine.info
+        return ModelList(data=[ModelCard(id=model_name, created=created, root=model_path,
+                                         max_model_len=info.max_model_len if info else None)])
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        info = serving.ready_info()
+        serving.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+        if body.messages is not None:
+            tokens = chat_prompt_ids(info, body.messages, body.add_generation_prompt)
+        else:
+            tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        info = serving.ready_info()
+        serving.check_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < info.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})",
+                           param="tokens")
+        return DetokenizeResponse(prompt=info.tokenizer.decode(body.tokens))
+
+    return router
+
+
+class _GracefulServer(uvicorn.Server):
+    """uvicorn waits for open responses before it stops; fail the engine's requests first so that none hangs."""
+
+    def __init__(self, config: uvicorn.Config, async_engine: AsyncEngine) -> None:
+        super().__init__(config)
+        self.async_engine = async_engine
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.async_engine.shutdown("the server is shutting down")
+        super().handle_exit(sig, frame)
+
+
+def run_server(engine_options: dict[str, object], options: ServerOptions) -> bool:
+    """Serve until SIGINT/SIGTERM; returns False if the engine failed (e.g. the model did not load)."""
+    model = str(engine_options.get("model") or DEFAULT_MODEL)
+    model_name = str(engine_options.get("served_model_name") or model)
+
+    def stop_on_engine_failure() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the same path as a user's Ctrl-C: requests end with an error
+
+    app = create_app(lambda: build_engine(**engine_options), model_name, model_path=model,
+                     api_key=options.api_key, max_request_bytes=options.max_request_bytes,
+                     on_fatal=stop_on_engine_failure)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
+                            timeout_graceful_shutdown=10)
+    print(f"radixlm: serving {model_name!r} at http://{options.host}:{options.port} "
+          f"(GET /health answers 200 once the model has loaded)", file=sys.stderr, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        _GracefulServer(config, app.state.async_engine).run()
+    return not app.state.async_engine.failed

@@ -1,0 +1,129 @@
+"""POST /v1/completions: one engine request per prompt (each with n sequences) -> a response or SSE chunks.
+
+Choice `i * n + j` is sequence j of prompt i, as OpenAI numbers them. `echo` prepends the prompt text (and, with
+`logprobs`, the prompt's logprobs, the first position being null) to every choice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse
+
+from radixlm.engine.async_engine import EngineInfo, OutputStream
+from radixlm.engine.outputs import CompletionOutput, PositionLogprobs
+from radixlm.server.errors import APIError
+from radixlm.server.logprobs import LogprobFormatter
+from radixlm.server.protocol import CompletionRequest
+from radixlm.server.responses import Completion, CompletionChoice, CompletionLogprobs
+from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    text: str  # for echo
+    token_ids: list[int]
+
+
+def _merge(first: CompletionLogprobs, second: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(tokens=first.tokens + second.tokens,
+                              token_logprobs=first.token_logprobs + second.token_logprobs,
+                              top_logprobs=first.top_logprobs + second.top_logprobs,
+                              text_offset=first.text_offset + second.text_offset)
+
+
+class Completions(OpenAIServing):
+    """The handler; `create` is the FastAPI endpoint."""
+
+    async def create(self, body: CompletionRequest, raw_request: Request) -> Response:
+        info = self.ready_info()
+        self.check_request(body, info)
+        params = self.sampling_params(body)
+        prompts = self._prompts(body, info)
+        for prompt in prompts:
+            self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")
+        request_id = new_request_id("cmpl")
+        stream = await self.admit(request_id, [p.token_ids for p in prompts], params, body.priority)
+        formatter = LogprobFormatter(info.tokenizer)
+        if body.stream:
+            return self.sse(self._chunks(request_id, body, prompts, stream, formatter), stream)
+        results = await self.collect(raw_request, stream, num_prompts=len(prompts))
+        choices = [self._choice(body, prompt, result.prompt_logprobs, sequence, formatter)
+                   for prompt, result in zip(prompts, results, strict=True)
+                   for _, sequence in sorted(result.sequences.items())]
+        for i, choice in enumerate(choices):
+            choice.index = i
+        response = Completion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
+                              usage=usage_of(results))
+        return JSONResponse(response.model_dump(mode="json"))
+
+    @staticmethod
+    def _prompts(body: CompletionRequest, info: EngineInfo) -> list[_Prompt]:
+        try:
+            prompts = body.prompts()
+        except ValueError as error:
+            raise APIError(400, str(error), param="prompt") from None
+        result = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                result.append(_Prompt(prompt, info.tokenizer.encode(prompt)))
+                continue
+            bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+            if bad:
+                raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})",
+                               param="prompt")
+            result.append(_Prompt(info.tokenizer.decode(prompt) if body.echo else "", list(prompt)))
+        return result
+
+    def _logprobs(self, body: CompletionRequest, formatter: LogprobFormatter, token_ids: list[int],
+                  positions: list[PositionLogprobs] | None, text_offset: int) -> CompletionLogprobs | None:
+        if body.logprobs is None:
+            return None
+        return formatter.completion(token_ids, positions or [{}] * len(token_ids), body.logprobs, text_offset)
+
+    def _echo_logprobs(self, body: CompletionRequest, formatter: LogprobFormatter, prompt: _Prompt,
+                       prompt_logprobs: list[PositionLogprobs | None] | None) -> CompletionLogprobs | None:
+        if body.logprobs is None or not body.echo:
+            return None
+        positions = prompt_logprobs or [None] * len(prompt.token_ids)
+        return formatter.completion(prompt.token_ids, positions, body.logprobs, 0)
+
+    def _choice(self, body: CompletionRequest, prompt: _Prompt, prompt_logprobs: list | None,
+                sequence: CompletionOutput, formatter: LogprobFormatter) -> CompletionChoice:
+        echo = prompt.text if body.echo else ""
+        logprobs = self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, len(echo))
+        echo_logprobs = self._echo_logprobs(body, formatter, prompt, prompt_logprobs)
+        if logprobs is not None and echo_logprobs is not None:
+            logprobs = _merge(echo_logprobs, logprobs)
+        return CompletionChoice(index=sequence.index, text=echo + sequence.text, logprobs=logprobs,
+                                finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
+
+    async def _chunks(self, request_id: str, body: CompletionRequest, prompts: list[_Prompt],
+                      stream: OutputStream, formatter: LogprobFormatter) -> AsyncIterator[Completion]:
+        created = int(time.time())
+        results = [PromptResult() for _ in prompts]
+        text_offsets: dict[int, int] = {}  # choice index -> characters sent so far
+        async for prompt_index, output in stream:
+            results[prompt_index].update(output)
+            prompt = prompts[prompt_index]
+            for sequence in output.outputs:
+                choice_index = prompt_index * body.n + sequence.index
+                text, logprobs = sequence.delta_text, None
+                if choice_index not in text_offsets and body.echo:
+                    text = prompt.text + text
+                    logprobs = self._echo_logprobs(body, formatter, prompt, output.prompt_logprobs)
+                offset = text_offsets.get(choice_index, 0) + len(text) - len(sequence.delta_text)
+                delta_logprobs = self._logprobs(body, formatter, sequence.delta_token_ids, sequence.delta_logprobs,
+                                                offset)
+                if delta_logprobs is not None:
+                    logprobs = delta_logprobs if logprobs is None else _merge(logprobs, delta_logprobs)
+                text_offsets[choice_index] = offset + len(sequence.delta_text)
+                choice = CompletionChoice(index=choice_index, text=text, logprobs=logprobs,
+                                          finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
+                yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice])
+        if body.include_usage:
+            yield Completion(id=request_id, created=created, model=self.model_name, choices=[],
+                             usage=usage_of(results))

@@ -1,0 +1,119 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, for every failure path.
+
+`APIError` is raised by handlers; `install_error_handlers` routes FastAPI's own failures (validation, unknown
+routes, the body-size limit, bugs) through the same body. Malformed JSON is 422, any other invalid body 400.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}
+
+
+class APIError(Exception):
+    """An HTTP error with OpenAI's body; `param` names the offending request field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type_ or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class BodySizeLimit:
+    """ASGI middleware: 413 in OpenAI's shape for a body over `max_bytes`, declared or streamed.
+
+    FastAPI's own `max_body_size` answers a too-large Content-Length with a plain-text 413 that replaces any
+    handler's response, so the OpenAI body needs this instead.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large().response()(scope, receive, send)
+            return
+        received = 0
+
+        async def receive_with_limit() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:  # raised inside the route's body read: FastAPI re-raises HTTPException
+                raise HTTPException(413, self._too_large().message)
+            return message
+
+        await self.app(scope, receive_with_limit, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"the request body is larger than {self.max_bytes} bytes (--max-request-bytes)")
+
+
+def _validation_error(errors: list[dict[str, Any]]) -> APIError:
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = errors[0].get("ctx", {}).get("error", "")
+        return APIError(422, f"malformed JSON body: {detail}".rstrip(": "), code="json_invalid")
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(location) or None
+    if first.get("type") == "model_attributes_type" and not location:
+        message = "the body must be a JSON object (send it with Content-Type: application/json)"
+    else:
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more errors)"
+    return APIError(400, message, param=param, code=first.get("type"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        return _validation_error(list(error.errors())).response()
+
+    async def on_http_error(_: Request, error: HTTPException) -> JSONResponse:
+        try:
+            phrase = HTTPStatus(error.status_code).phrase
+        except ValueError:
+            phrase = "error"
+        message = error.detail if isinstance(error.detail, str) and error.detail != phrase else phrase
+        return APIError(error.status_code, message).response()
+
+    async def on_unexpected(_: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return APIError(500, f"internal server error: {type(error).__name__}: {error}").response()
+
+    app.add_exception_handler(APIError, on_api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, on_http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, on_unexpected)

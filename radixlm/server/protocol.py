@@ -1,0 +1,199 @@
+"""OpenAI request bodies as pydantic models, and their mapping onto SamplingParams.
+
+Unknown fields are ignored, as OpenAI does. Fields we know but cannot honour yet (tools, response_format, ...) are
+declared so that `unsupported_field()` can name them: a request that sets one to anything but its neutral value
+is refused with 400 rather than silently half-served. Value ranges are checked once, by SamplingParams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+def _is_off(value: Any) -> bool:
+    return value is None or value is False or value == [] or value == {}
+
+
+_GRAMMAR_FIELDS: dict[str, Callable[[Any], bool]] = {
+    name: _is_off for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                               "structured_outputs")}
+_GRAMMAR_FIELDS["response_format"] = lambda v: _is_off(v) or (isinstance(v, dict) and v.get("type") == "text")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model_config = ConfigDict(extra="ignore")
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = _GRAMMAR_FIELDS
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int = 1
+    best_of: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    priority: int = 0
+    # Known, not honoured yet: refused unless neutral (see unsupported_field).
+    response_format: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    def unsupported_field(self) -> str | None:
+        """The first field set to a value this server cannot honour, or None."""
+        for name, is_neutral in self.UNSUPPORTED.items():
+            if not is_neutral(getattr(self, name)):
+                return name
+        return None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling_values(self) -> dict[str, Any]:
+        """The SamplingParams fields this request sets; an unset field keeps SamplingParams' default."""
+        values = dict(n=self.n, best_of=self.best_of, max_tokens=self.requested_max_tokens(),
+                      min_tokens=self.min_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                      min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+                      frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+                      logit_bias=self.logit_bias, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                      include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
+                      skip_special_tokens=self.skip_special_tokens,
+                      spaces_between_special_tokens=self.spaces_between_special_tokens)
+        values = {name: value for name, value in values.items() if value is not None}
+        return values | {"max_tokens": self.requested_max_tokens()}  # None: up to the model's context
+
+    def to_sampling_params(self, **overrides: Any) -> SamplingParams:
+        """Raises ValueError naming the offending field (SamplingParams validates every value)."""
+        return SamplingParams(**(self.sampling_values() | overrides))
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One message; extra keys (name, tool_calls, tool_call_id, ...) are passed to the chat template as given."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+_CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    **_GRAMMAR_FIELDS,
+    "tools": _is_off,
+    "tool_choice": lambda v: v is None or v == "none",
+    "functions": _is_off,
+    "function_call": lambda v: v is None or v == "none",
+    "audio": _is_off,
+    "modalities": lambda v: _is_off(v) or v == ["text"],
+    "prediction": _is_off,
+    "reasoning_effort": _is_off,
+    "web_search_options": _is_off,
+    "echo": _is_off,  # vLLM's chat echo; /v1/completions supports echo
+}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = _CHAT_UNSUPPORTED
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    echo: Any = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def to_sampling_params(self, **overrides: Any) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return super().to_sampling_params(logprobs=logprobs, **overrides)
+
+
+class CompletionRequest(SamplingRequest):
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {**_GRAMMAR_FIELDS, "suffix": _is_off}
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: Any = None
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a list of prompts (a single string or token-id list becomes a list of one)."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if not self.prompt:
+            raise ValueError("prompt must not be empty")
+        if isinstance(self.prompt[0], int):
+            return [self.prompt]  # type: ignore[list-item]
+        return self.prompt  # type: ignore[return-value]
+
+    def to_sampling_params(self, **overrides: Any) -> SamplingParams:
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        return super().to_sampling_params(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs, **overrides)
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a `prompt`, or chat `messages` rendered with the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[int]

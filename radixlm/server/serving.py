@@ -1,0 +1,198 @@
+"""What chat and completions share: checks, admission, result tracking, SSE framing, disconnect handling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.sse import EventSourceResponse, format_sse_event
+from jinja2 import TemplateError
+from pydantic import BaseModel
+
+from radixlm.core.scheduler import QueueFullError
+from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
+from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from radixlm.sampling_params import SamplingParams
+from radixlm.server.errors import APIError
+from radixlm.server.protocol import ChatMessage, SamplingRequest
+from radixlm.server.responses import Usage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptResult:
+    """Everything received so far for one prompt: its tokens, and the latest state of each sequence."""
+
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    sequences: dict[int, CompletionOutput] = field(default_factory=dict)
+
+    def update(self, output: RequestOutput) -> None:
+        self.prompt_token_ids = output.prompt_token_ids
+        self.num_cached_tokens = output.num_cached_tokens
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = output.prompt_logprobs
+        for sequence in output.outputs:
+            self.sequences[sequence.index] = sequence
+
+
+def usage_of(results: list[PromptResult]) -> Usage:
+    return Usage.of(prompt_tokens=sum(len(r.prompt_token_ids) for r in results),
+                    completion_tokens=sum(len(s.token_ids) for r in results for s in r.sequences.values()),
+                    cached_tokens=sum(r.num_cached_tokens for r in results))
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def chat_prompt_ids(info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """Render the conversation with the tokenizer's chat template; template problems are the client's 400."""
+    conversation = []
+    for i, message in enumerate(messages):
+        entry: dict[str, Any] = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):
+            for j, part in enumerate(message.content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"content part type {part.type!r} is not supported (text only)",
+                                   param=f"messages.{i}.content.{j}.type")
+            entry["content"] = "\n".join(part.text or "" for part in message.content)
+        entry.setdefault("content", "")
+        if entry["role"] == "developer":  # OpenAI's new name for the system role; templates know "system"
+            entry["role"] = "system"
+        conversation.append(entry)
+    try:
+        text = info.tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+    except (TemplateError, ValueError, TypeError, KeyError) as error:
+        raise APIError(400, f"the chat template rejected the messages: {error}", param="messages") from None
+    return info.tokenizer.encode(text, add_special_tokens=False)
+
+
+class OpenAIServing:
+    """Base of the chat and completions handlers: one per app, holding the app's engine."""
+
+    def __init__(self, async_engine: AsyncEngine, model_name: str) -> None:
+        self.async_engine = async_engine
+        self.model_name = model_name
+
+    # -- checks ------------------------------------------------------------------------------------------------
+    def ready_info(self) -> EngineInfo:
+        reason = self.async_engine.unavailable_reason
+        if reason is not None or self.async_engine.info is None:
+            raise APIError(503, f"{reason or 'the model is loading'}; retry later", code="engine_unavailable")
+        return self.async_engine.info
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def check_request(self, body: SamplingRequest, info: EngineInfo) -> None:
+        """Checks that need more than one field or the engine's configuration."""
+        self.check_model(body.model)
+        unsupported = body.unsupported_field()
+        if unsupported is not None:
+            raise APIError(400, f"{unsupported} is not supported by this server yet", param=unsupported,
+                           code="unsupported_parameter")
+        if body.stream_options is not None and not body.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        if body.stream and body.best_of is not None and body.best_of != body.n:
+            raise APIError(400, "best_of must equal n when streaming", param="best_of")
+        if body.priority != 0 and info.schedule_policy != "priority":
+            raise APIError(400, f"priority needs --schedule-policy priority (this server uses "
+                                f"{info.schedule_policy!r})", param="priority")
+        for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {} if k.lstrip("-").isdigit()]),
+                          ("stop_token_ids", body.stop_token_ids or [])):
+            out_of_range = [t for t in ids if t >= info.vocab_size]
+            if out_of_range:
+                raise APIError(400, f"{name} holds token id {out_of_range[0]}, outside the vocabulary "
+                                    f"[0, {info.vocab_size})", param=name)
+
+    def sampling_params(self, body: SamplingRequest) -> SamplingParams:
+        try:
+            return body.to_sampling_params()
+        except ValueError as error:
+            name = str(error).split(" ", 1)[0]
+            raise APIError(400, str(error), param=name if name in type(body).model_fields else None) from None
+
+    @staticmethod
+    def check_length(prompt_ids: list[int], max_tokens: int | None, info: EngineInfo, param: str) -> None:
+        context = info.max_model_len
+        if len(prompt_ids) >= context:
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens but this model's context is {context} "
+                                f"tokens (max_model_len), leaving no room to generate", param=param,
+                           code="context_length_exceeded")
+        if max_tokens is not None and len(prompt_ids) + max_tokens > context:
+            raise APIError(400, f"this model's context is {context} tokens, but the request asks for "
+                                f"{len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to "
+                                f"generate)", param="max_tokens", code="context_length_exceeded")
+
+    # -- running -----------------------------------------------------------------------------------------------
+    async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+                    priority: int) -> OutputStream:
+        try:
+            return await self.async_engine.generate(request_id, prompts, params, priority=priority,
+                                                    arrival_time=time.monotonic())
+        except QueueFullError as error:
+            raise APIError(429, f"the server is busy: {error}; retry later", code="queue_full") from None
+        except EngineUnavailableError as error:
+            raise APIError(503, f"{error}; retry later", code="engine_unavailable") from None
+        except ValueError as error:
+            raise APIError(400, str(error), param="prompt") from None
+
+    async def collect(self, raw_request: Request, stream: OutputStream, num_prompts: int) -> list[PromptResult]:
+        """Run to the end; a client that disconnects meanwhile aborts the requests (their KV blocks are freed)."""
+        results = [PromptResult() for _ in range(num_prompts)]
+        watcher = asyncio.create_task(_abort_on_disconnect(raw_request, stream))
+        try:
+            async for prompt_index, output in stream:
+                results[prompt_index].update(output)
+        except EngineUnavailableError as error:
+            raise APIError(503, str(error), code="engine_unavailable") from None
+        finally:
+            watcher.cancel()
+            stream.abort()
+        return results
+
+    @staticmethod
+    def sse(chunks: AsyncIterator[BaseModel], stream: OutputStream) -> EventSourceResponse:
+        """Frame chunks as `data: {json}`, end with `data: [DONE]`; an error mid-stream becomes an error event.
+
+        A client that disconnects cancels the generator (Starlette), and `finally` aborts the requests.
+        """
+        async def frames() -> AsyncIterator[str]:
+            try:
+                async for chunk in chunks:
+                    yield format_sse_event(data_str=chunk.model_dump_json())
+            except EngineUnavailableError as error:
+                yield _error_frame(APIError(503, str(error), code="engine_unavailable"))
+            except APIError as error:
+                yield _error_frame(error)
+            except Exception as error:
+                logger.exception("stream failed")
+                yield _error_frame(APIError(500, f"internal server error: {error}"))
+            finally:
+                stream.abort()
+            yield format_sse_event(data_str="[DONE]")
+
+        return EventSourceResponse(frames(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _error_frame(error: APIError) -> str:
+    return format_sse_event(data_str=json.dumps(error.body()))
+
+
+async def _abort_on_disconnect(raw_request: Request, stream: OutputStream) -> None:
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass
+    stream.abort()

@@ -1,0 +1,25 @@
+"""Fixtures: one real server subprocess per test module (see harness.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tiny_models import build_tiny_model
+
+from server.harness import LONG_CONTEXT, ServerProcess, start_server
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
+    """One server per test module on the tiny random-weight Llama."""
+    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("server"), "--num-kv-blocks", "256",
+                          "--block-size", "4")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def long_model_dir(tmp_path_factory):
+    """The tiny Llama with a 4096-token context: a long generation outlasts a disconnect or a shutdown."""
+    return build_tiny_model("llama", tmp_path_factory.mktemp("long-llama"), max_position_embeddings=LONG_CONTEXT)

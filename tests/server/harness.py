@@ -1,0 +1,125 @@
+"""Start the real `radixlm serve` in a subprocess on a free loopback port and talk to it over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "test-key"
+LONG_CONTEXT = 4096  # the long_model_dir fixture's context
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    """A running server: `client()` is an official openai client, `http` a raw httpx client for odd requests."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    api_key: str | None = None
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "unused", max_retries=0,
+                             timeout=120, **kwargs)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "unused", max_retries=0,
+                                  timeout=300)
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample as `name{label=value,...}` -> value (labels sorted, model_name left out)."""
+        samples = {}
+        for family in text_string_to_metric_families(self.http.get("/metrics").text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+                samples[f"{sample.name}{{{labels}}}"] = sample.value
+        return samples
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if self.http.get("/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition") -> dict[str, float]:
+        """Poll /metrics until `predicate(metrics)` holds; returns the metrics that satisfied it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            metrics = self.metrics()
+            if predicate(metrics):
+                return metrics
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} did not happen within {timeout} s; metrics: {self.metrics()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        self.http.close()
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"server did not exit within {timeout} s after signal {sig}:\n{self.log()}") \
+                from None
+
+
+def launch(command: list[str], log_path: Path, port: int, api_key: str | None = None) -> ServerProcess:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=env)
+    return ServerProcess(process, port, log_path, api_key)
+
+
+def start_server(model: str | Path, tmp_dir: Path, *args: str, api_key: str | None = None,
+                 wait: bool = True) -> ServerProcess:
+    """`radixlm serve --model MODEL --port <free> ARGS...`, waiting for /health to answer 200."""
+    port = free_port()
+    command = [sys.executable, "-m", "radixlm.cli", "serve", "--model", str(model), "--port", str(port),
+               "--num-threads", "1", *args]
+    if api_key:
+        command += ["--api-key", api_key]
+    server = launch(command, tmp_dir / f"server-{port}.log", port, api_key)
+    if wait:
+        try:
+            server.wait_ready()
+        except BaseException:
+            server.stop(signal.SIGKILL)
+            raise
+    return server

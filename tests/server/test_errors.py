@@ -1,0 +1,170 @@
+"""Bad requests get OpenAI's error body with the right status and param; limits (429, disconnects) hold.
+
+One server for the module: API key on, one running sequence at a time, one waiting request at most, a 64 KiB
+body limit, and a tiny model with a 4096-token context so that a long generation outlasts a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from server.harness import API_KEY, LONG_CONTEXT, start_server
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+COMPLETION = {"prompt": "the quick", "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir, tmp_path_factory):
+    server = start_server(long_model_dir, tmp_path_factory.mktemp("server"), "--max-num-seqs", "1",
+                          "--max-queued-requests", "1", "--max-request-bytes", "65536",
+                          "--num-kv-blocks", str(LONG_CONTEXT // 4 + 8), "--block-size", "4", api_key=API_KEY)
+    yield server
+    server.stop()
+
+
+def chat(**changes):
+    return ("/v1/chat/completions", {**CHAT, **changes})
+
+
+def completion(**changes):
+    return ("/v1/completions", {**COMPLETION, **changes})
+
+
+# (id, (path, json body), status, param, words the message must contain)
+BAD_REQUESTS = [
+    ("temperature-negative", chat(temperature=-1), 400, "temperature", ["temperature", "-1"]),
+    ("temperature-not-a-number", chat(temperature="hot"), 400, "temperature", ["temperature"]),
+    ("top-p-zero", chat(top_p=0), 400, "top_p", ["top_p"]),
+    ("top-k-below-minus-one", completion(top_k=-2), 400, "top_k", ["top_k"]),
+    ("n-zero", chat(n=0), 400, "n", ["n must"]),
+    ("max-tokens-zero", completion(max_tokens=0), 400, "max_tokens", ["max_tokens"]),
+    ("min-tokens-above-max", completion(min_tokens=10), 400, "min_tokens", ["min_tokens"]),
+    ("best-of-below-n", completion(n=2, best_of=1), 400, "best_of", ["best_of"]),
+    ("presence-penalty-range", chat(presence_penalty=3), 400, "presence_penalty", ["presence_penalty"]),
+    ("frequency-penalty-type", chat(frequency_penalty="abc"), 400, "frequency_penalty", ["frequency_penalty"]),
+    ("top-logprobs-too-many", chat(logprobs=True, top_logprobs=50), 400, "top_logprobs", ["20"]),
+    ("top-logprobs-without-logprobs", chat(top_logprobs=2), 400, "top_logprobs", ["logprobs"]),
+    ("completion-logprobs-too-many", completion(logprobs=21), 400, "logprobs", ["20"]),
+    ("logit-bias-bad-key", chat(logit_bias={"abc": 1}), 400, "logit_bias", ["logit_bias"]),
+    ("logit-bias-outside-vocab", chat(logit_bias={"999999": 1}), 400, "logit_bias", ["999999"]),
+    ("stop-token-outside-vocab", chat(stop_token_ids=[999999]), 400, "stop_token_ids", ["999999"]),
+    ("priority-without-policy", chat(priority=1), 400, "priority", ["priority"]),
+    ("stream-options-without-stream", chat(stream_options={"include_usage": True}), 400, "stream_options",
+     ["stream"]),
+    ("messages-empty", chat(messages=[]), 400, "messages", ["messages"]),
+    ("messages-missing", ("/v1/chat/completions", {"max_tokens": 4}), 400, "messages", ["messages"]),
+    ("content-part-image", chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), 400, "messages.0.content.0.type",
+     ["image_url"]),
+    ("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", ["tools"]),
+    ("response-format-json", chat(response_format={"type": "json_object"}), 400, "response_format",
+     ["response_format"]),
+    ("guided-json", chat(guided_json={"type": "object"}), 400, "guided_json", ["guided_json"]),
+    ("suffix", completion(suffix="!"), 400, "suffix", ["suffix"]),
+    ("prompt-empty-list", completion(prompt=[]), 400, "prompt", ["prompt"]),
+    ("prompt-empty-string", completion(prompt=""), 400, "prompt", ["prompt"]),
+    ("prompt-token-outside-vocab", completion(prompt=[1, 2, 10**6]), 400, "prompt", ["1000000"]),
+    ("prompt-longer-than-context", completion(prompt=[5] * 5000), 400, "prompt", ["5000", str(LONG_CONTEXT)]),
+    ("prompt-plus-max-tokens-too-long", completion(prompt=[5] * 4000, max_tokens=200), 400, "max_tokens",
+     ["4200", str(LONG_CONTEXT)]),
+    ("unknown-model", chat(model="gpt-4"), 404, "model", ["gpt-4"]),
+    ("body-is-a-list", ("/v1/chat/completions", [1, 2]), 400, None, ["JSON object"]),
+]
+
+
+def check_error_body(response: httpx.Response, status: int, param: str | None, words: list[str]) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and isinstance(error["type"], str)
+    assert error["param"] == param, error
+    for word in words:
+        assert word in error["message"], error
+
+
+@pytest.mark.parametrize(("path_body", "status", "param", "words"), [case[1:] for case in BAD_REQUESTS],
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_bad_request_gets_openai_error(server, path_body, status, param, words):
+    path, body = path_body
+    check_error_body(server.http.post(path, json=body), status, param, words)
+
+
+def test_transport_level_errors(server):
+    check_error_body(server.http.post("/v1/chat/completions", content=b'{"messages": [', headers={
+        "Content-Type": "application/json"}), 422, None, ["JSON"])
+    big = json.dumps({**CHAT, "padding": "x" * 70000})
+    check_error_body(server.http.post("/v1/chat/completions", content=big, headers={
+        "Content-Type": "application/json"}), 413, None, [])
+    chunked = (part for part in [b'{"prompt": "', b"x" * 40000, b"x" * 40000, b'"}'])  # no Content-Length
+    check_error_body(server.http.post("/v1/completions", content=chunked, headers={
+        "Content-Type": "application/json"}), 413, None, ["65536"])
+    check_error_body(server.http.post("/v1/completions", data={"prompt": "x"}), 400, None, ["Content-Type"])
+    check_error_body(server.http.get("/v1/nowhere"), 404, None, [])
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        response = httpx.post(f"{server.base_url}/v1/chat/completions", json=CHAT, headers=headers)
+        check_error_body(response, 401, None, ["API key"])
+    assert httpx.get(f"{server.base_url}/health").status_code == 200  # health and metrics need no key
+    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+
+
+def test_openai_client_sees_typed_errors(server):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    client = server.client()
+    model = client.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], temperature=-1)
+    assert raised.value.body["param"] == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    # the engine survived all of the above
+    assert client.completions.create(model=model, prompt="hi", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_queue_limit_gives_429(server):
+    """One running + one waiting fill the server; the others are refused with 429 and nothing is lost."""
+
+    async def run() -> list[object]:
+        client = server.async_client()
+        kwargs = dict(model=client_model, prompt="the quick", max_tokens=300, temperature=0,
+                      extra_body={"ignore_eos": True})
+        return await asyncio.gather(*(client.completions.create(**kwargs) for _ in range(8)),
+                                    return_exceptions=True)
+
+    client_model = server.client().models.list().data[0].id
+    results = asyncio.run(run())
+    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+    served = [r for r in results if not isinstance(r, Exception)]
+    assert len(refused) + len(served) == len(results), results
+    assert refused and len(served) >= 2
+    assert all(len(r.choices[0].text) > 0 and r.usage.completion_tokens == 300 for r in served)
+    error = refused[0].body
+    assert error["code"] == "queue_full" and "max_queued_requests=1" in error["message"]
+    assert server.metrics()["radixlm:num_requests_waiting{}"] == 0
+
+
+def test_disconnect_mid_stream_frees_kv(server):
+    model = server.client().models.list().data[0].id
+    before = server.metrics()
+    body = {"model": model, "prompt": "the quick brown", "max_tokens": LONG_CONTEXT - 64, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    with server.http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        assert sum(line.startswith("data: {") for line in received) == 3
+        mid = server.metrics()
+        assert mid["radixlm:num_requests_running{}"] == 1 and mid["radixlm:kv_cache_usage_perc{}"] > 0
+    after = server.wait_for(lambda m: m["radixlm:num_requests_running{}"] == 0, what="abort after disconnect")
+    assert after["radixlm:kv_cache_usage_perc{}"] == before["radixlm:kv_cache_usage_perc{}"] == 0
+    aborted = "radixlm:request_finished_total{finished_reason=abort}"
+    assert after.get(aborted, 0) == before.get(aborted, 0) + 1
+    generated = after["radixlm:generation_tokens_total{}"] - before["radixlm:generation_tokens_total{}"]
+    assert generated < LONG_CONTEXT - 64, "the request ran to the end instead of being aborted"
+    # the freed blocks serve the next request
+    assert server.client().completions.create(model=model, prompt="hi", max_tokens=2).usage.completion_tokens == 2

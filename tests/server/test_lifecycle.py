@@ -1,0 +1,69 @@
+"""Server lifecycle: answering while the model loads, and a graceful exit on SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from server.harness import free_port, launch, start_server
+
+HERE = __file__.rsplit("/", 1)[0]
+
+
+def test_health_and_requests_answer_503_while_loading(tiny_model_dir, tmp_path):
+    release = tmp_path / "release"
+    port = free_port()
+    command = [sys.executable, f"{HERE}/slow_load_server.py", str(release), "--model", str(tiny_model_dir("llama")),
+               "--port", str(port), "--num-kv-blocks", "64", "--num-threads", "1"]
+    server = launch(command, tmp_path / "server.log", port)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the port opens while the engine is still waiting for the release file
+            try:
+                health = server.http.get("/health")
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, server.log()
+                time.sleep(0.1)
+        assert health.status_code == 503 and "loading" in health.json()["error"]["message"]
+        chat = server.http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 503 and chat.json()["error"]["code"] == "engine_unavailable"
+        assert server.http.get("/v1/models").json()["data"][0]["max_model_len"] is None
+        release.touch()
+        server.wait_ready()
+        response = server.client().completions.create(model=str(tiny_model_dir("llama")), prompt="hi", max_tokens=3)
+        assert response.usage.completion_tokens == 3
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_ends_running_requests_with_an_error(sig, long_model_dir, tmp_path):
+    server = start_server(long_model_dir, tmp_path, "--num-kv-blocks", "2100", "--block-size", "4")
+    model = str(long_model_dir)
+    long_request = {"model": model, "prompt": "the quick", "max_tokens": 4000, "ignore_eos": True,
+                    "temperature": 0}
+    non_streaming: dict[str, httpx.Response] = {}
+    thread = threading.Thread(target=lambda: non_streaming.update(
+        response=httpx.post(f"{server.base_url}/v1/completions", json=long_request, timeout=60)))
+    thread.start()
+    with server.http.stream("POST", "/v1/completions", json={**long_request, "stream": True}) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: {")
+        server.wait_for(lambda m: m["radixlm:num_requests_running{}"] == 2, what="both requests running")
+        started = time.monotonic()
+        server.process.send_signal(sig)
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"error"' in events[-2] and "shutting down" in events[-2]
+    thread.join(30)
+    assert non_streaming["response"].status_code == 503
+    assert "shutting down" in non_streaming["response"].json()["error"]["message"]
+    assert server.process.wait(30) in (0, -sig)  # uvicorn re-raises the signal once it has shut down
+    assert time.monotonic() - started < 15
+    assert "Traceback" not in server.log(), server.log()

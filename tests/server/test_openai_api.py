@@ -1,0 +1,195 @@
+"""The OpenAI API through the official client against a real server on the tiny random-weight Llama."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from radixlm.engine.llm import LLM
+from radixlm.sampling_params import SamplingParams
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "the quick brown fox"}]
+GREEDY = dict(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_server):
+    return tiny_server.client()
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def stream_chat(client, **kwargs):
+    """Concatenate a chat stream per choice index; returns ({index: text}, {index: finish_reason}, chunks)."""
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    texts, reasons = {}, {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                reasons[choice.index] = choice.finish_reason
+    return texts, reasons, chunks
+
+
+def test_models_lists_the_served_model(client, tiny_model_dir):
+    models = client.models.list().data
+    assert [m.id for m in models] == [str(tiny_model_dir("llama"))]
+
+
+def test_chat_equals_offline_engine_and_stream(client, model, tiny_model_dir):
+    response = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY)
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason in ("stop", "length")
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, block_size=4)
+    offline = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
+    assert choice.message.content == offline.outputs[0].text
+    assert response.usage.prompt_tokens == len(offline.prompt_token_ids)
+    assert response.usage.completion_tokens == len(offline.outputs[0].token_ids)
+    texts, reasons, chunks = stream_chat(client, model=model, messages=MESSAGES, **GREEDY)
+    assert texts == {0: choice.message.content} and reasons == {0: choice.finish_reason}
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.id == chunks[0].id and c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_completions_equal_stream(client, model):
+    response = client.completions.create(model=model, prompt="a paged KV cache", **GREEDY)
+    text = response.choices[0].text
+    assert response.object == "text_completion" and len(text) > 0
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="a paged KV cache", stream=True, **GREEDY) if c.choices)
+    assert streamed == text
+
+
+def tokenize(server, prompt: str) -> list[int]:
+    return server.http.post("/tokenize", json={"prompt": prompt}).json()["tokens"]
+
+
+def test_prompt_forms_and_choice_order(tiny_server, client, model):
+    tokens = tokenize(tiny_server, "radix trees share")
+    single = {p: client.completions.create(model=model, prompt=p, **GREEDY).choices[0].text
+              for p in ("the lazy dog", "radix trees share")}
+    by_ids = client.completions.create(model=model, prompt=tokens, **GREEDY).choices[0].text
+    assert by_ids == single["radix trees share"]
+    many = client.completions.create(model=model, prompt=["the lazy dog", "radix trees share"], n=2, **GREEDY)
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+    assert [c.text for c in many.choices] == [single["the lazy dog"]] * 2 + [single["radix trees share"]] * 2
+    id_lists = client.completions.create(model=model, prompt=[tokens, tokens], **GREEDY)
+    assert [c.text for c in id_lists.choices] == [single["radix trees share"]] * 2
+
+
+def test_n3_stream_interleaves_and_matches(client, model):
+    kwargs = dict(model=model, messages=MESSAGES, n=3, temperature=1.0, seed=11, max_tokens=10)
+    response = client.chat.completions.create(**kwargs)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert response.usage.completion_tokens >= 3
+    texts, reasons, chunks = stream_chat(client, **kwargs)
+    assert texts == {c.index: c.message.content for c in response.choices}
+    assert set(reasons) == {0, 1, 2}
+    assert [c.choices[0].index for c in chunks[:3]] == [0, 1, 2]  # every choice opens with its role
+    assert len({c.message.content for c in response.choices}) > 1, "n samples should differ at temperature 1"
+
+
+def test_seeded_sampling_is_reproducible(client, model):
+    def sample(seed):
+        return client.completions.create(model=model, prompt="the quick", temperature=1.0, seed=seed,
+                                         max_tokens=16).choices[0].text
+
+    assert sample(5) == sample(5)
+    assert len({sample(seed) for seed in (1, 2, 3)}) > 1
+
+
+def test_chat_logprobs(client, model):
+    response = client.chat.completions.create(model=model, messages=MESSAGES, logprobs=True, top_logprobs=3,
+                                              **GREEDY)
+    content = response.choices[0].logprobs.content
+    assert len(content) == response.usage.completion_tokens
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely token
+        assert math.isclose(entry.logprob, values[0], abs_tol=1e-4)
+    assert "".join(e.token for e in content) == response.choices[0].message.content
+
+
+def test_completion_logprobs_with_echo(tiny_server, client, model):
+    prompt = "the quick brown"
+    num_prompt_tokens = len(tokenize(tiny_server, prompt))
+    response = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=2, **GREEDY)
+    choice = response.choices[0]
+    assert choice.text.startswith(prompt)
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == num_prompt_tokens + response.usage.completion_tokens
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(isinstance(v, float) and v <= 0 for v in logprobs.token_logprobs[1:])
+    assert all(2 <= len(top) <= 3 for top in logprobs.top_logprobs[1:])
+    assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+    plain = client.completions.create(model=model, prompt=prompt, **GREEDY).choices[0].text
+    assert choice.text == prompt + plain
+
+
+def test_stop_strings(client, model):
+    full = client.completions.create(model=model, prompt="the lazy", temperature=0, max_tokens=24,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    cut = full[:full.index(stop)]
+    stopped = client.completions.create(model=model, prompt="the lazy", temperature=0, max_tokens=24,
+                                        stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    assert (stopped.text, stopped.finish_reason) == (cut, "stop")
+    included = client.completions.create(model=model, prompt="the lazy", temperature=0, max_tokens=24, stop=stop,
+                                         extra_body={"ignore_eos": True, "include_stop_str_in_output": True}
+                                         ).choices[0]
+    assert included.text == cut + stop
+
+
+def test_include_usage_and_cached_tokens(client, model):
+    long_messages = [{"role": "user", "content": "continuous batching mixes prefill chunks with decode steps " * 4}]
+    first = client.chat.completions.create(model=model, messages=long_messages, **GREEDY)
+    chunks = list(client.chat.completions.create(model=model, messages=long_messages, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert all(c.usage is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.prompt_tokens == first.usage.prompt_tokens
+    assert last.usage.completion_tokens == first.usage.completion_tokens
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert last.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens - 4  # the repeat hits the cache
+
+
+def test_metrics_counters_move(tiny_server, client, model):
+    before = tiny_server.metrics()
+    response = client.completions.create(model=model, prompt="import torch", temperature=0, max_tokens=5,
+                                         extra_body={"ignore_eos": True})
+    after = tiny_server.metrics()
+
+    def delta(name):
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("radixlm:prompt_tokens_total{}") == response.usage.prompt_tokens
+    assert delta("radixlm:generation_tokens_total{}") == 5
+    assert delta("radixlm:request_finished_total{finished_reason=length}") == 1
+    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        assert delta(f"radixlm:{histogram}_count{{}}") == 1
+    assert delta("radixlm:inter_token_latency_seconds_count{}") == 4
+    assert after["radixlm:num_requests_running{}"] == 0 and after["radixlm:kv_cache_usage_perc{}"] == 0
+    assert "radixlm:num_preemptions_total{}" in after and "radixlm:num_requests_waiting{}" in after
+
+
+def test_tokenize_detokenize_and_chat_parts(tiny_server, client, model):
+    tokens = tiny_server.http.post("/tokenize", json={"prompt": "héllo wörld"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 512
+    text = tiny_server.http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
+    assert text == "héllo wörld"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "the quick brown fox"}]}]
+    as_parts = client.chat.completions.create(model=model, messages=parts, **GREEDY).choices[0].message.content
+    plain = client.chat.completions.create(model=model, messages=[MESSAGES[1]], **GREEDY).choices[0].message.content
+    assert as_parts == plain
+
+
+def test_unknown_fields_are_ignored(client, model):
+    response = client.chat.completions.create(model=model, messages=MESSAGES, user="u1", **GREEDY,
+                                              extra_body={"some_future_field": {"x": 1}, "store": False})
+    assert response.choices[0].message.content
