@@ -26,6 +26,23 @@ def _cmd_prefix(args: argparse.Namespace) -> None:
     bench_prefix(options, args.workload_seed, args.random_prompts)
 
 
+def _cmd_serve(args: argparse.Namespace) -> None:
+    from radixlm.bench.serve import BenchOptions, bench_serve
+    from radixlm.bench.serve_workloads import WORKLOADS, WorkloadSpec
+    from radixlm.bench.workload import parse_range
+    from radixlm.cli import engine_kwargs
+
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
+    spec = WorkloadSpec(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.prefix_len,
+                        args.workload_seed)
+    options = BenchOptions(workloads, spec, args.request_rate, args.max_concurrency, args.output_json,
+                           args.output_png, extra={"api_key": args.api_key})
+    bench_serve(args.base_url, engine_kwargs(args), options)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -46,3 +63,19 @@ def add_bench_commands(commands: Any) -> None:
     prefix.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
     add_engine_args(prefix)
     prefix.set_defaults(handler=_cmd_prefix)
+
+    serve = kinds.add_parser("serve", help="async OpenAI client against radixlm serve: TTFT, ITL, e2e, throughput")
+    serve.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--workloads", default="random,shared-prefix,multi-turn", help="comma-separated")
+    serve.add_argument("--num-prompts", type=int, default=32, help="requests per workload")
+    serve.add_argument("--input-len", default="64-256", help="random prompts and first chat turns: LOW-HIGH tokens")
+    serve.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
+    serve.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens shared by 8 questions")
+    serve.add_argument("--request-rate", type=float, default=float("inf"), help="sessions per second (Poisson)")
+    serve.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
+    serve.add_argument("--workload-seed", type=int, default=0)
+    serve.add_argument("--output-json", default="bench-results/serve.json")
+    serve.add_argument("--output-png", default="bench-results/serve.png")
+    add_engine_args(serve)
+    serve.set_defaults(handler=_cmd_serve)

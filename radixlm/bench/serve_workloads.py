@@ -1,0 +1,75 @@
+"""Workloads for `radixlm bench serve`: sessions of requests built from random tokens with a fixed seed.
+
+A session is one conversation: its turns run one after another (a turn starts when the previous answer is
+complete); sessions run concurrently. `random` and `shared-prefix` sessions are single completions of token-id
+prompts with exact lengths; `multi-turn` sessions are chats whose history (earlier questions and the model's real
+answers) grows every turn, so the chat template's prefix is shared across turns as it is in real traffic.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from radixlm.bench.workload import random_requests
+
+WORKLOADS = ("random", "shared-prefix", "multi-turn")
+QUESTIONS_PER_PREFIX = 8
+TURNS_PER_SESSION = 4
+QUESTION_LEN = 32
+
+
+@dataclass(frozen=True)
+class Session:
+    """`chat`: turns are user messages for /v1/chat/completions, else token-id prompts for /v1/completions."""
+
+    turns: list[list[int]] | list[str]
+    output_lens: list[int]
+    chat: bool = False
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    num_prompts: int  # requests in all, over every session
+    input_len: tuple[int, int]
+    output_len: tuple[int, int]
+    prefix_len: int  # shared-prefix: tokens shared by each group of questions
+    seed: int
+
+
+def _vocab(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [token_id for token_id in range(len(tokenizer)) if token_id not in special]
+
+
+def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: WorkloadSpec) -> list[Session]:
+    rng = random.Random(f"{name}-{spec.seed}")
+    vocab = _vocab(tokenizer)
+
+    def tokens(length: int) -> list[int]:
+        return [rng.choice(vocab) for _ in range(length)]
+
+    def output_len() -> int:
+        return rng.randint(*spec.output_len)
+
+    if name == "random":
+        requests = random_requests(tokenizer, spec.num_prompts, spec.input_len, spec.output_len, spec.seed)
+        return [Session([r.prompt_token_ids], [r.output_len]) for r in requests]
+    if name == "shared-prefix":
+        sessions = []
+        for _ in range(max(1, spec.num_prompts // QUESTIONS_PER_PREFIX)):
+            prefix = tokens(spec.prefix_len)
+            sessions += [Session([prefix + tokens(QUESTION_LEN)], [output_len()])
+                         for _ in range(QUESTIONS_PER_PREFIX)]
+        return sessions
+    if name == "multi-turn":
+        sessions = []
+        for _ in range(max(1, spec.num_prompts // TURNS_PER_SESSION)):
+            first = tokenizer.decode(tokens(rng.randint(*spec.input_len)))
+            follow_ups = [tokenizer.decode(tokens(QUESTION_LEN)) for _ in range(TURNS_PER_SESSION - 1)]
+            sessions.append(Session([first, *follow_ups], [output_len() for _ in range(TURNS_PER_SESSION)],
+                                    chat=True))
+        return sessions
+    raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
