@@ -121,6 +121,8 @@ class Completions(OpenAIServing):
                 if delta_logprobs is not None:
                     logprobs = delta_logprobs if logprobs is None else _merge(logprobs, delta_logprobs)
                 text_offsets[choice_index] = offset + len(sequence.delta_text)
+                if not text and logprobs is None and not sequence.finished:
+                    continue  # a token whose text is held back (part of a UTF-8 character): nothing to send yet
                 choice = CompletionChoice(index=choice_index, text=text, logprobs=logprobs,
                                           finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
                 yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice])

@@ -25,6 +25,7 @@ from radixlm.server.protocol import ChatMessage, SamplingRequest
 from radixlm.server.responses import Usage
 
 logger = logging.getLogger(__name__)
+_PARAMS = frozenset({"prompt", "messages", *SamplingRequest.model_fields})
 
 
 @dataclass
@@ -147,8 +148,9 @@ class OpenAIServing:
             raise APIError(429, f"the server is busy: {error}; retry later", code="queue_full") from None
         except EngineUnavailableError as error:
             raise APIError(503, f"{error}; retry later", code="engine_unavailable") from None
-        except ValueError as error:
-            raise APIError(400, str(error), param="prompt") from None
+        except ValueError as error:  # the engine's own admission checks name the field first
+            name = str(error).split(" ", 1)[0]
+            raise APIError(400, str(error), param=name if name in _PARAMS else None) from None
 
     async def collect(self, raw_request: Request, stream: OutputStream, num_prompts: int) -> list[PromptResult]:
         """Run to the end; a client that disconnects meanwhile aborts the requests (their KV blocks are freed)."""
