@@ -77,7 +77,7 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_order: int = 0, priority: int = 0,
-                 arrival_time: float | None = None) -> None:
+                 arrival_time: float | None = None, sampling_seed: int = 0) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
@@ -95,6 +95,8 @@ class Request:
         self.block_table: list[int] = []
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+        # The key of this sequence's random stream: token t is drawn with uniform number t of the stream.
+        self.sampling_seed = sampling_seed
         self.times = RequestTimes(arrival=time.monotonic() if arrival_time is None else arrival_time)
 
     # -- token views ---------------------------------------------------------------------------------------------
@@ -117,6 +119,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need the logits of every prompt position, so the prompt must be computed, not reused."""
+        return self.sampling_params.prompt_logprobs is not None
 
     def append_output_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)

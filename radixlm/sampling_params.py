@@ -123,6 +123,8 @@ class SamplingParams:
     def _check_lists(self) -> None:
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are matched on the generated text, so stop needs detokenize=True")
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 _is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")

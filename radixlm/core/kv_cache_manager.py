@@ -151,6 +151,27 @@ class KVCacheManager:
         if self.radix_cache is not None:
             self.radix_cache.reset()
 
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> list[tuple[int, int, int]]:
+        """Give `child` (holding no blocks) the K/V of `parent`'s first `num_tokens` positions (n > 1 sampling).
+
+        Full blocks are shared (one more reference each). A partly filled last block would be written by both, so
+        the child gets a fresh block and the returned `(src, dst, num_tokens)` copy must be applied before its next
+        forward; with no block to spare the child keeps only the full blocks and recomputes the rest. Sets
+        `child.num_computed_tokens` to what its blocks hold.
+        """
+        assert not child.block_table and len(parent.block_table) * self.block_size >= num_tokens
+        num_full = num_tokens // self.block_size
+        child.block_table = parent.block_table[:num_full]
+        self.block_pool.incref(child.block_table)
+        child.num_computed_tokens = num_full * self.block_size
+        num_partial = num_tokens - child.num_computed_tokens
+        fresh = self._allocate_blocks(1) if num_partial else None
+        if fresh is None:
+            return []
+        child.block_table.append(fresh[0])
+        child.num_computed_tokens = num_tokens
+        return [(parent.block_table[num_full], fresh[0], num_partial)]
+
     def check_invariants(self, live_requests: Iterable[Request]) -> None:
         """Pool and tree consistency; every block's ref count equals its holders (live requests + tree nodes)."""
         self.block_pool.check_invariants()

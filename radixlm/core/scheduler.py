@@ -71,6 +71,18 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
 
+    def fork_request(self, parent: Request, child: Request, num_computed_tokens: int) -> list[tuple[int, int, int]]:
+        """Start `child`, a new sequence with `parent`'s prompt (n > 1 sampling), as running and sharing the K/V of
+        `parent`'s first `num_computed_tokens` positions. Returns the block copies to apply before the next forward
+        (see KVCacheManager.fork)."""
+        if child.request_id in self.requests:
+            raise ValueError(f"request_id {child.request_id!r} is already in use")
+        copies = self.kv_cache_manager.fork(parent, child, num_computed_tokens)
+        child.transition(RequestStatus.RUNNING)
+        self.running.append(child)
+        self.requests[child.request_id] = child
+        return copies
+
     # -- one step ----------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks within the token budget and `max_num_seqs`, preempting if blocks run out."""

@@ -8,7 +8,7 @@ from typing import Any
 from tqdm import tqdm
 
 from radixlm.engine.llm_engine import LLMEngine, build_engine
-from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.outputs import CompletionOutput, RequestOutput
 from radixlm.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -31,7 +31,8 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for text prompts or token-id lists; outputs come back in the order of `prompts`."""
+        """Generate for text prompts or token-id lists; outputs come back in the order of `prompts`, each with
+        all its `n` completions (by index)."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)
@@ -61,12 +62,19 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until done; each final output holds every sequence (a step's output only holds those that
+        changed, so the latest state of each index is kept along the way)."""
+        latest: dict[str, dict[int, CompletionOutput]] = {request_id: {} for request_id in request_ids}
         finished: dict[str, RequestOutput] = {}
-        wanted = set(request_ids)
         with tqdm(total=len(request_ids), desc="generating", unit="req", disable=not use_tqdm) as progress:
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
-                    if output.finished and output.request_id in wanted:
+                    sequences = latest.get(output.request_id)
+                    if sequences is None:
+                        continue
+                    sequences.update((completion.index, completion) for completion in output.outputs)
+                    if output.finished:
+                        output.outputs = [sequences[index] for index in sorted(sequences)]
                         finished[output.request_id] = output
                         progress.update()
         return [finished[request_id] for request_id in request_ids]

@@ -2,6 +2,11 @@
 
 The engine is single-threaded: callers (the offline LLM, the async server wrapper) own the loop and call
 `add_request`, `abort_request` and `step` from one thread.
+
+A user request is a `SequenceGroup`; each of its sequences is one scheduler `Request`. With n > 1 (or best_of)
+sequence 0 computes the prompt, and in the step where it samples its first token the others are forked from it:
+they share its prompt blocks (ref counts; a partly filled last block is copied through the next step's
+`block_copies`) and each draws its own first token from the same logits row, with its own random stream.
 """
 
 from __future__ import annotations
@@ -9,18 +14,25 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.scheduler import Scheduler
-from radixlm.engine.detokenizer import IncrementalDetokenizer
-from radixlm.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.scheduler import Scheduler, check_token_stop
+from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
+from radixlm.engine.text_stream import TextStream
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
-from radixlm.request import Request
+from radixlm.request import Request, RequestStatus
+from radixlm.sample.logprobs import TokenLogprobs, prompt_logprobs
+from radixlm.sample.rng import mix_seed
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 
@@ -39,12 +51,14 @@ class LLMEngine:
         kv_cache_manager = KVCacheManager(self.runner.kv_cache.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len)
-        self.sampler = Sampler(config.model.seed)
+        self.sampler = Sampler(self.runner.shape.vocab_size)
         self.eos_token_ids = self._eos_token_ids()
         self.model_name = config.model.served_model_name or config.model.model
+        self.logprob_formatter = LogprobFormatter(self.tokenizer)
         self._arrival_counter = itertools.count()
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._prompts: dict[str, str | None] = {}
+        self._groups: dict[str, SequenceGroup] = {}
+        self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
+        self._pending_block_copies: list[tuple[int, int, int]] = []  # forks' partial blocks, for the next forward
 
     def _max_model_len(self) -> int:
         limits = [self.runner.kv_cache.num_slots]
@@ -65,7 +79,7 @@ class LLMEngine:
         return frozenset(ids)
 
     # -- requests ----------------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         token_ids = list(prompt)
@@ -75,66 +89,194 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}), got {bad[0]!r}")
         return token_ids
 
-    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams | None = None,
+    def _check_params(self, params: SamplingParams) -> None:
+        vocab_size = self.runner.shape.vocab_size
+        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                                ("stop_token_ids", params.stop_token_ids)):
+            outside = [t for t in token_ids or () if t >= vocab_size]  # type: ignore[union-attr]
+            if outside:
+                raise ValueError(f"{name} holds token id {outside[0]}, outside the vocabulary [0, {vocab_size})")
+
+    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None) -> Request:
-        """Tokenize and queue a request; raises ValueError for a prompt that can never run."""
+        """Tokenize and queue a request (all its sequences); raises ValueError for one that can never run.
+
+        Returns the scheduler request of its first sequence.
+        """
         params = params or SamplingParams()
+        self._check_params(params)
+        ids = [sequence_id(request_id, i) for i in range(params.num_sequences)]
+        taken = [i for i in [request_id, *ids] if i in self._groups or i in self._sequences]
+        if taken:
+            raise ValueError(f"request_id {taken[0]!r} is already in use")
         prompt_token_ids = self.tokenize(prompt)
-        request = Request(request_id, prompt_token_ids, params, eos_token_ids=self.eos_token_ids,
-                          arrival_order=next(self._arrival_counter), priority=priority, arrival_time=arrival_time)
-        self.scheduler.add_request(request)
-        self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
-                                                                params.skip_special_tokens)
-        self._prompts[request_id] = prompt if isinstance(prompt, str) else None
-        return request
+        arrival_order = next(self._arrival_counter)
+        seed = params.seed if params.seed is not None else mix_seed(self.config.model.seed, arrival_order)
+        sequences = []
+        for index, seq_id in enumerate(ids):
+            request = Request(seq_id, prompt_token_ids, params, eos_token_ids=self.eos_token_ids,
+                              arrival_order=arrival_order, priority=priority, arrival_time=arrival_time,
+                              sampling_seed=seed + index)
+            sequences.append(Sequence(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
+                                      [] if params.logprobs is not None else None))
+        self.scheduler.add_request(sequences[0].request)
+        group = SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
+                              sequences, unforked=sequences[1:],
+                              prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        self._groups[request_id] = group
+        for sequence in sequences:
+            self._sequences[sequence.request.request_id] = (group, sequence)
+        return sequences[0].request
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """Abort a live request in any state; returns its final output, or None if it was not live."""
-        request = self.scheduler.requests.get(request_id)
-        if request is None or not self.scheduler.abort(request_id):
+        """Abort every live sequence of a request; returns its final output, or None if it was not live."""
+        group = self._groups.get(request_id)
+        if group is None:
             return None
-        return self._make_output(request, [], "")
+        for sequence in group.sequences:
+            if sequence.finished:
+                continue
+            if not self.scheduler.abort(sequence.request.request_id):  # not forked yet: never scheduled
+                sequence.request.transition(RequestStatus.FINISHED_ABORTED)
+            sequence.finish_reason = "abort"
+            group.changed.add(sequence.index)
+        group.unforked = []
+        output = group.make_output()
+        self._forget(group)
+        return output
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return bool(self._groups)
+
+    def _forget(self, group: SequenceGroup) -> None:
+        del self._groups[group.request_id]
+        for sequence in group.sequences:
+            del self._sequences[sequence.request.request_id]
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; returns an output for every request that received a token or finished."""
+        """Run one scheduling step; returns an output for every request that has news (see `engine/outputs.py`)."""
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        logits = self.runner.execute(scheduler_output)
-        sampling_requests = [self.scheduler.requests[rid] for rid in scheduler_output.sampling_request_ids]
-        sampled = self.sampler(logits, sampling_requests)
-        updated = self.scheduler.update_from_output(scheduler_output, sampled)
-        outputs = []
+        scheduler_output.block_copies.extend(self._pending_block_copies)
+        self._pending_block_copies = []
+        positions = self._prompt_logits_positions(scheduler_output)
+        result = self.runner.execute(scheduler_output, positions)
+        self._record_prompt_logprobs(result.prompt_logits, positions)
+        parents = [self.scheduler.requests[rid] for rid in scheduler_output.sampling_request_ids]
+        children, child_rows = self._fork_children(scheduler_output)
+        logits = result.logits
+        if children:
+            logits = logits[torch.tensor(list(range(len(parents))) + child_rows)]
+        sampled = self.sampler(logits, parents + children)
+        updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
+        updated += self._start_children(children, sampled.token_ids[len(parents):])
+        token_logprobs = {r.request_id: lp for r, lp in zip(parents + children, sampled.logprobs, strict=True)}
+        touched: dict[str, SequenceGroup] = {}
         for request in updated:
-            token_id = request.last_token_id
-            delta_text = self._detokenizers[request.request_id].add(token_id)
-            outputs.append(self._make_output(request, [token_id], delta_text))
+            group, sequence = self._sequences[request.request_id]
+            self._record_token(sequence, token_logprobs[request.request_id])
+            group.changed.add(sequence.index)
+            touched[group.request_id] = group
+        return self._outputs(touched.values())
+
+    def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
+        """Start the unforked sequences of groups whose first sequence samples its first token in this step."""
+        children: list[Request] = []
+        rows: list[int] = []
+        sampling_chunks = [chunk for chunk in scheduler_output.chunks if chunk.samples]
+        for row, chunk in enumerate(sampling_chunks):
+            group, sequence = self._sequences[chunk.request_id]
+            if sequence.index != 0 or not group.unforked:
+                continue
+            for child in group.unforked:
+                self._pending_block_copies += self.scheduler.fork_request(sequence.request, child.request,
+                                                                          chunk.context_len)
+                children.append(child.request)
+                rows.append(row)
+            group.unforked = []
+        return children, rows
+
+    def _start_children(self, children: list[Request], token_ids: list[int]) -> list[Request]:
+        """Give forked sequences their first token (what `update_from_output` does for scheduled ones)."""
+        now = time.monotonic()
+        for child, token_id in zip(children, token_ids, strict=True):
+            child.append_output_token(token_id)
+            child.record_token_time(now)
+            stop = check_token_stop(child, self.max_model_len)
+            if stop is not None:
+                self.scheduler.finish_request(child, *stop)
+        return children
+
+    def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:
+        """Logprobs, text and stop strings of the sequence's newest token; finishes it on a stop string."""
+        request = sequence.request
+        if logprobs is not None:
+            sequence.cumulative_logprob += logprobs.logprob
+            if sequence.logprobs is not None:
+                sequence.logprobs.append(self.logprob_formatter.position(logprobs))
+        params = request.sampling_params
+        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
+        stop_string = None
+        if not stopped_by_token or params.include_stop_str_in_output:  # the stopping token's text is not shown
+            stop_string = sequence.text.add_token(request.last_token_id, request.num_output_tokens)
+        if stop_string is not None:
+            if not request.is_finished:
+                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop_string)
+            sequence.finish_reason, sequence.stop_reason = "stop", stop_string
+        elif request.is_finished:
+            sequence.finish_reason, sequence.stop_reason = request.status.finish_reason, request.stop_reason
+
+    def _outputs(self, groups: Iterable[SequenceGroup]) -> list[RequestOutput]:
+        outputs = []
+        for group in list(groups):
+            output = group.make_output()
+            if output is not None:
+                outputs.append(output)
+            if group.finished:
+                self._forget(group)
         return outputs
 
-    def _make_output(self, request: Request, delta_token_ids: list[int], delta_text: str) -> RequestOutput:
-        detokenizer = self._detokenizers[request.request_id]
-        finished = request.is_finished
-        completion = CompletionOutput(index=0, text=detokenizer.text, token_ids=request.output_token_ids,
-                                      finish_reason=request.status.finish_reason, stop_reason=request.stop_reason,
-                                      delta_text=delta_text, delta_token_ids=delta_token_ids)
-        times = request.times
-        metrics = RequestMetrics(arrival_time=times.arrival, queue_time=times.queue_time, ttft=times.ttft,
-                                 e2e=times.e2e, num_preemptions=request.num_preemptions)
-        output = RequestOutput(request_id=request.request_id, prompt=self._prompts[request.request_id],
-                               prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
-                               metrics=metrics, num_cached_tokens=request.num_cached_tokens)
-        if finished:
-            del self._detokenizers[request.request_id]
-            del self._prompts[request.request_id]
-        return output
+    # -- prompt logprobs ---------------------------------------------------------------------------------------
+    def _prompt_logits_positions(self, scheduler_output: SchedulerOutput) -> dict[str, tuple[int, int]]:
+        """Positions whose logits give prompt logprobs not computed yet: prompt token j comes from position j - 1.
+
+        A recomputed (preempted) prompt skips the positions already done, so none is reported twice.
+        """
+        positions = {}
+        for chunk in scheduler_output.chunks:
+            group, sequence = self._sequences[chunk.request_id]
+            if sequence.index != 0 or group.prompt_logprobs_done:
+                continue
+            assert group.prompt_logprobs is not None
+            first = len(group.prompt_logprobs) - 1
+            if chunk.start_position > first:  # positions reused from the prefix cache have no logits
+                logger.warning("request %s: prompt positions %d..%d came from the prefix cache; their prompt "
+                               "logprobs are None", group.request_id, first, chunk.start_position - 1)
+                group.prompt_logprobs += [None] * (chunk.start_position - first)
+                first = chunk.start_position
+            end = min(chunk.context_len, len(group.prompt_token_ids) - 1)
+            if first < end:
+                positions[chunk.request_id] = (first, end)
+        return positions
+
+    def _record_prompt_logprobs(self, prompt_logits: dict[str, torch.Tensor],
+                                positions: dict[str, tuple[int, int]]) -> None:
+        for request_id, (first, end) in positions.items():
+            group, _ = self._sequences[request_id]
+            assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
+            entries = prompt_logprobs(prompt_logits[request_id], group.prompt_token_ids[first + 1:end + 1],
+                                      group.params.prompt_logprobs)
+            group.prompt_logprobs += [self.logprob_formatter.position(entry) for entry in entries]
 
     # -- stats -------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
+        for group in self._groups.values():
+            for sequence in group.sequences:
+                live = sequence.request.request_id in self.scheduler.requests
+                assert live != (sequence.finished or sequence in group.unforked), (group.request_id, sequence.index)
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

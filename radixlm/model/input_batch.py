@@ -3,10 +3,14 @@
 All scheduled tokens of all requests form one `[1, T]` sequence. Per token: its id, its position in its own
 request, and the slot its K/V are written to. Per request: which query rows are its own and which slots hold its
 context. Requests computing a single token (decodes) are grouped so that attention runs on them as one batch.
+
+The rows whose logits the LM head computes (`logits_to_keep`) are the sampled rows (one per sampling request, in
+`SchedulerOutput.sampling_request_ids` order), then the prompt rows asked for prompt logprobs, request by request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -71,11 +75,16 @@ class AttentionMetadata:
 class InputBatch:
     input_ids: torch.Tensor      # [1, T]
     position_ids: torch.Tensor   # [1, T]
-    logits_indices: torch.Tensor  # [S] rows whose logits are sampled, in SchedulerOutput.sampling_request_ids order
+    logits_indices: torch.Tensor  # [S + X] sampled rows (sampling_request_ids order), then the extra prompt rows
     attn_metadata: AttentionMetadata
+    num_sampled_rows: int = 0  # S
+    extra_rows: dict[str, slice] = field(default_factory=dict)  # request id -> its slice of the logits after S
 
     @classmethod
-    def build(cls, output: SchedulerOutput, kv_cache: PagedKVCache) -> InputBatch:
+    def build(cls, output: SchedulerOutput, kv_cache: PagedKVCache,
+              extra_logits_positions: Mapping[str, tuple[int, int]] | None = None) -> InputBatch:
+        """`extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
+        `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs)."""
         block_size = kv_cache.block_size
         chunks = output.chunks
         max_blocks = max(len(chunk.block_table) for chunk in chunks)
@@ -85,12 +94,21 @@ class InputBatch:
         positions: list[int] = []
         chunk_of_token: list[int] = []
         logits_rows: list[int] = []
+        extra_logits_rows: list[int] = []
+        extra_rows: dict[str, slice] = {}
         for index, chunk in enumerate(chunks):
+            chunk_row = len(token_ids)
             token_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_position, chunk.context_len))
             chunk_of_token.extend([index] * chunk.num_tokens)
             if chunk.samples:
                 logits_rows.append(len(token_ids) - 1)
+            if extra_logits_positions and chunk.request_id in extra_logits_positions:
+                first, end = extra_logits_positions[chunk.request_id]
+                assert chunk.start_position <= first <= end <= chunk.context_len, (chunk, first, end)
+                extra_rows[chunk.request_id] = slice(len(extra_logits_rows), len(extra_logits_rows) + end - first)
+                extra_logits_rows.extend(range(chunk_row + first - chunk.start_position,
+                                               chunk_row + end - chunk.start_position))
         position_tensor = torch.tensor(positions, dtype=torch.long)
         token_blocks = block_tables[torch.tensor(chunk_of_token), position_tensor // block_size]
         slot_mapping = token_blocks * block_size + position_tensor % block_size
@@ -98,7 +116,8 @@ class InputBatch:
                                      decode=_decode_group(output, block_tables, block_size),
                                      prefills=_prefill_segments(output, block_tables, block_size))
         return cls(input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=position_tensor[None],
-                   logits_indices=torch.tensor(logits_rows, dtype=torch.long), attn_metadata=metadata)
+                   logits_indices=torch.tensor(logits_rows + extra_logits_rows, dtype=torch.long),
+                   attn_metadata=metadata, num_sampled_rows=len(logits_rows), extra_rows=extra_rows)
 
 
 def _context_slots(block_rows: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:

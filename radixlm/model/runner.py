@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +41,15 @@ class ModelShape:
                    max_position_embeddings=getattr(text, "max_position_embeddings", None))
 
 
+@dataclass
+class RunnerOutput:
+    """float32 logits: `logits[i]` of `SchedulerOutput.sampling_request_ids[i]`, and the prompt positions asked for
+    (request id -> `[end - first, vocab]`, row j being position `first + j`)."""
+
+    logits: torch.Tensor
+    prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
 class ModelRunner:
     """Owns the model and its paged KV cache; `execute` turns a SchedulerOutput into logits."""
 
@@ -57,11 +67,16 @@ class ModelRunner:
                                      self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> torch.Tensor:
-        """Compute the scheduled chunks; return float32 logits `[S, vocab]` for `output.sampling_request_ids`."""
+    def execute(self, output: SchedulerOutput,
+                prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None) -> RunnerOutput:
+        """Compute the scheduled chunks; return the logits of the sampled rows and of the prompt positions asked
+        for (`prompt_logits_positions[request_id] = (first, end)`, within that request's chunk)."""
         if output.block_copies:
             self.kv_cache.copy_blocks(output.block_copies)
-        batch = InputBatch.build(output, self.kv_cache)
+        batch = InputBatch.build(output, self.kv_cache, prompt_logits_positions)
         result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                             logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
-        return result.logits[0].float()
+        logits = result.logits[0].float()
+        sampled = batch.num_sampled_rows
+        return RunnerOutput(logits[:sampled], {request_id: logits[sampled:][rows]
+                                               for request_id, rows in batch.extra_rows.items()})

@@ -1,24 +1,102 @@
-"""Sampler: greedy (temperature 0) and temperature sampling over a batch of logits rows."""
+"""Sampler: one token per row of a batch of logits, every request with its own parameters and random stream.
+
+Order of the transforms (fixed; each stage sees the output of the one before):
+ 1. raw logprobs, if asked: log_softmax of the model's logits (`logprobs.py`)
+ 2. logit_bias: z[t] += bias[t]
+ 3. min_tokens: eos (unless ignore_eos) and stop_token_ids get -inf while fewer than min_tokens were generated
+ 4. repetition penalty (HF, over prompt + output tokens)                  } `penalties.py`
+ 5. frequency and presence penalties (OpenAI, over output tokens)          }
+ 6. temperature: 0 takes the exact argmax of z (first index on ties) and skips 7-10; else z /= T
+ 7. min_p, 8. top-k, 9. top-p: one keep-threshold per row (`filters.py`)
+10. draw: inverse CDF of softmax(z) over the kept tokens, in token-id order, with u = uniform number
+    `num_output_tokens` of the sequence's stream (`draw.py`, `rng.py`).
+(Grammar masks, when they come, go between 3 and 4.)
+
+All stages run as tensor ops over the rows they concern; the per-row parameter tensors (`SamplingBatch`) are
+rebuilt only when the rows change, and penalty statistics are carried from step to step (`PenaltyStats`).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from radixlm.request import Request
+from radixlm.sample.batch import SamplingBatch
+from radixlm.sample.draw import draw_tokens
+from radixlm.sample.filters import CANDIDATE_SIZES, filter_thresholds
+from radixlm.sample.logprobs import TokenLogprobs, gather_logprobs
+from radixlm.sample.penalties import PenaltyStats, apply_penalties
+from radixlm.sample.rng import stream_uniforms
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprobs | None]  # per row; None for rows that did not ask
 
 
 class Sampler:
-    """Greedy rows take the exact argmax; the others sample softmax(logits / T) from the engine's generator."""
+    """`sampler(logits, requests)`: row i of `logits` ([B, vocab] float32, modified in place) is `requests[i]`."""
 
-    def __init__(self, seed: int) -> None:
-        self.generator = torch.Generator().manual_seed(seed)
+    def __init__(self, vocab_size: int, candidate_sizes: tuple[int, ...] = CANDIDATE_SIZES) -> None:
+        self.vocab_size = vocab_size
+        self.candidate_sizes = candidate_sizes
+        self.penalty_stats = PenaltyStats(vocab_size)
+        self._batch: SamplingBatch | None = None
+        self._batch_requests: list[Request] = []  # held so that their id()s stay unique
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        token_ids = logits.argmax(dim=-1)
-        sampled_rows = [i for i, r in enumerate(requests) if not r.sampling_params.is_greedy]
-        if sampled_rows:
-            rows = torch.tensor(sampled_rows)
-            temperatures = torch.tensor([requests[i].sampling_params.temperature for i in sampled_rows])
-            probs = torch.softmax(logits[rows] / temperatures[:, None], dim=-1)
-            token_ids[rows] = torch.multinomial(probs, 1, generator=self.generator)[:, 0]
-        return token_ids.tolist()
+    @torch.inference_mode()  # the runner's logits are inference tensors, and nothing here needs autograd
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        batch = self._batch_for(requests)
+        raw_logprobs = None
+        if len(batch.logprob_rows):
+            raw_logprobs = torch.log_softmax(logits[batch.logprob_rows], dim=1)
+        num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
+        self._adjust_logits(logits, batch, requests, num_outputs)
+        token_ids = torch.empty(batch.num_rows, dtype=torch.long)
+        if len(batch.greedy_rows):
+            token_ids[batch.greedy_rows] = logits[batch.greedy_rows].argmax(1)
+        if len(batch.random_rows):
+            token_ids[batch.random_rows] = self._draw(logits, batch, num_outputs)
+        logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
+        if raw_logprobs is not None:
+            gathered = gather_logprobs(raw_logprobs, token_ids[batch.logprob_rows], batch.num_top_logprobs)
+            for row, entry in zip(batch.logprob_rows.tolist(), gathered, strict=True):
+                logprobs[row] = entry
+        return SamplerOutput(token_ids.tolist(), logprobs)
+
+    def _batch_for(self, requests: list[Request]) -> SamplingBatch:
+        same = self._batch is not None and len(requests) == len(self._batch_requests) and all(
+            a is b for a, b in zip(requests, self._batch_requests, strict=True))
+        if not same:
+            self._batch = SamplingBatch.build(requests)
+            self._batch_requests = list(requests)
+        assert self._batch is not None
+        return self._batch
+
+    def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[Request],
+                       num_outputs: torch.Tensor) -> None:
+        """Stages 2-5: logit_bias, min_tokens bans, penalties."""
+        if len(batch.bias_rows):
+            logits.index_put_((batch.bias_rows, batch.bias_token_ids), batch.bias_values, accumulate=True)
+        if len(batch.ban_rows):
+            active = num_outputs[batch.ban_rows] < batch.ban_min_tokens
+            logits[batch.ban_rows[active], batch.ban_token_ids[active]] = float("-inf")
+        penalty_requests = [requests[row] for row in batch.penalty_rows.tolist()]
+        if penalty_requests or self.penalty_stats.output_counts.shape[0]:
+            self.penalty_stats.update(penalty_requests)
+        if penalty_requests:
+            apply_penalties(logits, batch.penalty_rows, self.penalty_stats.in_prompt,
+                            self.penalty_stats.output_counts, batch.repetition_penalties,
+                            batch.frequency_penalties, batch.presence_penalties)
+
+    def _draw(self, logits: torch.Tensor, batch: SamplingBatch, num_outputs: torch.Tensor) -> torch.Tensor:
+        """Stages 6-10 for the random rows."""
+        z = logits if batch.all_random else logits[batch.random_rows]
+        z.div_(batch.temperatures[:, None])
+        row_max = z.amax(1)
+        filtered = filter_thresholds(z, row_max, batch.min_p_logs, batch.top_ks, batch.top_ps, self.candidate_sizes)
+        uniforms = stream_uniforms(batch.key_lows, batch.key_highs, num_outputs[batch.random_rows])
+        return draw_tokens(z, row_max, filtered, uniforms)

@@ -1,0 +1,31 @@
+"""LogprobFormatter: the sampler's raw logprobs as the engine outputs' `{token_id: Logprob}` dictionaries."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from radixlm.engine.outputs import Logprob, PositionLogprobs
+from radixlm.sample.logprobs import TokenLogprobs
+
+
+class LogprobFormatter:
+    """Decodes each token id once (a token's text alone, as OpenAI's `tokens` show it) and caches the text."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id]) if token_id < len(self._tokenizer) else ""
+            self._texts[token_id] = text
+        return text
+
+    def position(self, entry: TokenLogprobs) -> PositionLogprobs:
+        """The chosen token first, then the alternatives most likely first (the chosen one is not repeated)."""
+        position = {entry.token_id: Logprob(entry.logprob, entry.rank, self.token_text(entry.token_id))}
+        for rank, (token_id, logprob) in enumerate(zip(entry.top_token_ids, entry.top_logprobs, strict=True), 1):
+            if token_id not in position:
+                position[token_id] = Logprob(logprob, rank, self.token_text(token_id))
+        return position

@@ -1,0 +1,108 @@
+"""SequenceGroup: one user request and its n (or best_of) generated sequences, and the outputs built from them.
+
+Sequence 0 carries the user's request id and computes the prompt; sequences 1.. are forked from it when it samples
+its first token (`LLMEngine`), sharing its prompt blocks. Each sequence has its own random stream: `seed + index`
+(for an unseeded request, a seed mixed from the engine seed and the arrival number).
+With best_of > n nothing is streamed: the finished output holds the n sequences of highest cumulative logprob.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from radixlm.engine.text_stream import TextStream
+from radixlm.request import Request
+from radixlm.sampling_params import SamplingParams
+
+
+def sequence_id(request_id: str, index: int) -> str:
+    """The scheduler's id of sequence `index`: the user's id for the first, a suffixed one for the others."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
+@dataclass
+class Sequence:
+    """The engine's side of one generated sequence: its text, logprobs and how it finished."""
+
+    index: int
+    request: Request
+    text: TextStream
+    logprobs: list[PositionLogprobs] | None  # None unless `logprobs` was asked
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_reported_tokens: int = 0
+    num_reported_logprobs: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def completion(self, index: int, finished_text: bool) -> CompletionOutput:
+        """The cumulative state, with the part not reported before as `delta_*`."""
+        token_ids = self.request.output_token_ids
+        delta_logprobs = None
+        if self.logprobs is not None:
+            delta_logprobs = self.logprobs[self.num_reported_logprobs:]
+            self.num_reported_logprobs = len(self.logprobs)
+        delta_token_ids = token_ids[self.num_reported_tokens:]
+        self.num_reported_tokens = len(token_ids)
+        return CompletionOutput(
+            index=index, text=self.text.text, token_ids=token_ids, finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason, delta_text=self.text.take_delta(finished_text),
+            delta_token_ids=delta_token_ids,
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=list(self.logprobs) if self.logprobs is not None else None, delta_logprobs=delta_logprobs)
+
+
+@dataclass
+class SequenceGroup:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sequences: list[Sequence]
+    unforked: list[Sequence]  # sequences 1.. until sequence 0 samples its first token
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # grows as prompt positions are computed
+    changed: set[int] = field(default_factory=set)  # indices of sequences with news since the last output
+
+    @property
+    def first(self) -> Sequence:
+        return self.sequences[0]
+
+    @property
+    def finished(self) -> bool:
+        return all(sequence.finished for sequence in self.sequences)
+
+    @property
+    def ranks_sequences(self) -> bool:
+        return len(self.sequences) > self.params.n
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return self.prompt_logprobs is None or len(self.prompt_logprobs) == len(self.prompt_token_ids)
+
+    def make_output(self) -> RequestOutput | None:
+        """The output of this step: the sequences that changed; None if nothing is to be reported now."""
+        finished = self.finished
+        if self.ranks_sequences:
+            if not finished:
+                return None
+            best = sorted(self.sequences, key=lambda s: (-s.cumulative_logprob, s.index))[:self.params.n]
+            completions = [sequence.completion(rank, True) for rank, sequence in enumerate(best)]
+        else:
+            completions = [self.sequences[i].completion(i, self.sequences[i].finished) for i in sorted(self.changed)]
+        self.changed.clear()
+        first = self.first.request
+        times = first.times
+        e2e = None
+        if finished:
+            e2e = max(s.request.times.finished or times.arrival for s in self.sequences) - times.arrival
+        metrics = RequestMetrics(arrival_time=times.arrival, queue_time=times.queue_time, ttft=times.ttft, e2e=e2e,
+                                 num_preemptions=sum(s.request.num_preemptions for s in self.sequences))
+        return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+                             outputs=completions, finished=finished, metrics=metrics,
+                             num_cached_tokens=first.num_cached_tokens,
+                             prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs_done and
+                             self.prompt_logprobs is not None else None)

@@ -1,0 +1,42 @@
+"""Logprobs of the raw model distribution (vLLM semantics): before logit_bias, penalties, temperature or filters.
+
+For each position: the logprob and rank (1 = most likely; 1 + the number of strictly more likely tokens) of the
+token that was chosen (sampled, or the next prompt token), and the `num_top` most likely tokens with theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """One position: the chosen token's logprob and rank, and the top alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:
+    """For rows of log-softmaxed logits `[N, V]`, the chosen `token_ids` ([N]) and `num_top[i]` alternatives."""
+    if logprobs.shape[0] == 0:
+        return []
+    chosen = logprobs.gather(1, token_ids[:, None])
+    ranks = (logprobs > chosen).sum(1) + 1
+    max_top = max(num_top)
+    top_values, top_ids = logprobs.topk(max_top, dim=1) if max_top else (logprobs[:, :0], token_ids[:, None][:, :0])
+    rows = zip(token_ids.tolist(), chosen.squeeze(1).tolist(), ranks.tolist(), top_ids.tolist(),
+               top_values.tolist(), num_top, strict=True)
+    return [TokenLogprobs(token_id, logprob, rank, ids[:n], values[:n])
+            for token_id, logprob, rank, ids, values, n in rows]
+
+
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], num_top: int) -> list[TokenLogprobs]:
+    """Prompt logprobs: row i of `logits` is the position before prompt token `next_token_ids[i]`."""
+    logprobs = torch.log_softmax(logits.float(), dim=1)
+    return gather_logprobs(logprobs, torch.tensor(next_token_ids, dtype=torch.long), [num_top] * len(next_token_ids))
