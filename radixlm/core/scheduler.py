@@ -124,9 +124,12 @@ class Scheduler:
         for request in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            match = kv.match_prefix(request)
+            # Prompt logprobs need the logits of every prompt position: until its first token such a request
+            # computes its whole prompt (as vLLM does), since cached positions have no logits.
+            reuse_cache = request.sampling_params.prompt_logprobs is None or request.num_output_tokens > 0
+            match = kv.match_prefix(request) if reuse_cache else None
             num_cached = match.num_tokens if match else 0
-            if in_flight and kv.radix_cache is not None and \
+            if reuse_cache and in_flight and kv.radix_cache is not None and \
                     duplicates_in_flight_prefill(request, num_cached, in_flight):
                 continue  # next step its prefix is in the tree
             num_new = min(request.num_tokens - num_cached, budget)

@@ -57,7 +57,9 @@ class LogprobFormatter:
                 result.top_logprobs.append(None)
                 continue
             result.token_logprobs.append(_finite(chosen.logprob) if chosen else None)
-            top = {self.token_text(alt_id, alt): _finite(alt.logprob) for alt_id, alt in self._ranked(position)[:top_n]}
+            top: dict[str, float] = {}
+            for alt_id, alt in self._ranked(position)[:top_n]:  # most likely first: it keeps a shared text key
+                top.setdefault(self.token_text(alt_id, alt), _finite(alt.logprob))
             if chosen is not None:
                 top.setdefault(text, _finite(chosen.logprob))
             result.top_logprobs.append(top)

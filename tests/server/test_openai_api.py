@@ -126,10 +126,16 @@ def test_completion_logprobs_with_echo(tiny_server, client, model):
     assert len(logprobs.tokens) == num_prompt_tokens + response.usage.completion_tokens
     assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
     assert all(isinstance(v, float) and v <= 0 for v in logprobs.token_logprobs[1:])
-    assert all(2 <= len(top) <= 3 for top in logprobs.top_logprobs[1:])
+    # top 2 plus the chosen token, keyed by text as OpenAI does (byte tokens decoding to the same text merge)
+    assert all(1 <= len(top) <= 3 and max(top.values()) <= 0 for top in logprobs.top_logprobs[1:])
+    assert all(chosen <= max(top.values()) + 1e-5
+               for chosen, top in zip(logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True))
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
     plain = client.completions.create(model=model, prompt=prompt, **GREEDY).choices[0].text
     assert choice.text == prompt + plain
+    again = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=2, **GREEDY).choices[0]
+    assert again.logprobs.token_logprobs == pytest.approx(logprobs.token_logprobs, abs=1e-4), \
+        "a prompt in the prefix cache must still get its prompt logprobs"
 
 
 def test_stop_strings(client, model):
