@@ -123,13 +123,11 @@ _SHUTDOWN = object()
 class AsyncEngine:
     """Owns the engine thread; see the module docstring for the contract."""
 
-    def __init__(self, engine_factory: Callable[[], LLMEngine], metrics: EngineMetrics,
-                 on_fatal: Callable[[], None] | None = None) -> None:
+    def __init__(self, engine_factory: Callable[[], LLMEngine], metrics: EngineMetrics) -> None:
         self.metrics = metrics
         self.info: EngineInfo | None = None
-        self.failed = False  # the engine failed to load or to step; the server should exit non-zero
+        self.failure: Exception | None = None  # why the engine failed to load or to step; the server should exit
         self._engine_factory = engine_factory
-        self._on_fatal = on_fatal
         self._commands: queue.SimpleQueue[object] = queue.SimpleQueue()
         # Guards _unavailable_reason, so that no admission is queued after the thread stopped taking them.
         # Re-entrant: shutdown() runs in a signal handler, possibly while the loop thread holds the lock.
@@ -199,11 +197,12 @@ class AsyncEngine:
             while self._run_once(engine):
                 pass
         except Exception as error:
-            logger.exception("engine thread failed")
-            self.failed = True
+            if self.info is None and isinstance(error, (FileNotFoundError, ValueError)):
+                logger.error("the engine could not start: %s", error)  # a user's mistake: no traceback
+            else:
+                logger.exception("the engine failed")
             self._stop(None, f"the engine failed: {error}")
-            if self._on_fatal is not None:
-                self._on_fatal()
+            self.failure = error
 
     def _run_once(self, engine: LLMEngine) -> bool:
         """Apply the queued commands, then run one step if there is work; False once shut down."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -68,13 +66,12 @@ def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
 
 
 def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_path: str | None = None,
-               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               on_fatal: Callable[[], None] | None = None) -> FastAPI:
+               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup.
 
     `app.state.async_engine` is the app's AsyncEngine (its `shutdown()` is what SIGINT/SIGTERM call).
     """
-    async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name), on_fatal)
+    async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -143,7 +140,8 @@ def _api_router(async_engine: AsyncEngine, model_name: str, model_path: str) -> 
 
 
 class _GracefulServer(uvicorn.Server):
-    """uvicorn waits for open responses before it stops; fail the engine's requests first so that none hangs."""
+    """uvicorn waits for open responses before it stops; fail the engine's requests first so that none hangs.
+    A failed engine (a model that does not load, a crashed step) stops the server too."""
 
     def __init__(self, config: uvicorn.Config, async_engine: AsyncEngine) -> None:
         super().__init__(config)
@@ -153,22 +151,22 @@ class _GracefulServer(uvicorn.Server):
         self.async_engine.shutdown("the server is shutting down")
         super().handle_exit(sig, frame)
 
+    async def on_tick(self, counter: int) -> bool:
+        if self.async_engine.failure is not None:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
 
 def run_server(engine_options: dict[str, object], options: ServerOptions) -> bool:
     """Serve until SIGINT/SIGTERM; returns False if the engine failed (e.g. the model did not load)."""
     model = str(engine_options.get("model") or DEFAULT_MODEL)
     model_name = str(engine_options.get("served_model_name") or model)
-
-    def stop_on_engine_failure() -> None:
-        os.kill(os.getpid(), signal.SIGTERM)  # the same path as a user's Ctrl-C: requests end with an error
-
     app = create_app(lambda: build_engine(**engine_options), model_name, model_path=model,
-                     api_key=options.api_key, max_request_bytes=options.max_request_bytes,
-                     on_fatal=stop_on_engine_failure)
+                     api_key=options.api_key, max_request_bytes=options.max_request_bytes)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
                             timeout_graceful_shutdown=10)
     print(f"radixlm: serving {model_name!r} at http://{options.host}:{options.port} "
           f"(GET /health answers 200 once the model has loaded)", file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown
         _GracefulServer(config, app.state.async_engine).run()
-    return not app.state.async_engine.failed
+    return app.state.async_engine.failure is None

@@ -37,7 +37,8 @@ async def ask(client, model: str, messages, max_tokens: int, stream: bool) -> st
     return "".join(parts)
 
 
-def check_concurrent_equals_alone(server: ServerProcess, count: int, max_tokens: int) -> None:
+def check_concurrent_equals_alone(server: ServerProcess, count: int, max_tokens: int) -> dict[str, float]:
+    """Returns the metrics after the concurrent run."""
     model = server.client().models.list().data[0].id
     chats = conversations(count)
 
@@ -62,10 +63,19 @@ def check_concurrent_equals_alone(server: ServerProcess, count: int, max_tokens:
 
     assert asyncio.run(together_watching_batch()) == expected
     assert peak["running"] > 1, "the requests never ran in one batch"
+    return server.metrics()
 
 
-def test_32_concurrent_chats_equal_alone_tiny(tiny_server):
-    check_concurrent_equals_alone(tiny_server, count=32, max_tokens=24)
+def test_32_concurrent_chats_equal_alone_tiny(tiny_model_dir, tmp_path):
+    """A KV cache too small for all 32 at once: the batch preempts, and every answer still matches."""
+    server = start_server(tiny_model_dir("llama"), tmp_path, "--num-kv-blocks", "128", "--block-size", "4")
+    try:
+        metrics = check_concurrent_equals_alone(server, count=32, max_tokens=24)
+    finally:
+        server.stop()
+    assert metrics["radixlm:num_preemptions_total{}"] > 0
+    assert metrics["radixlm:request_finished_total{finished_reason=length}"] + metrics.get(
+        "radixlm:request_finished_total{finished_reason=stop}", 0) == 64
 
 
 @pytest.mark.slow

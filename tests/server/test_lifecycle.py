@@ -67,3 +67,12 @@ def test_signal_ends_running_requests_with_an_error(sig, long_model_dir, tmp_pat
     assert server.process.wait(30) in (0, -sig)  # uvicorn re-raises the signal once it has shut down
     assert time.monotonic() - started < 15
     assert "Traceback" not in server.log(), server.log()
+
+
+def test_a_model_that_does_not_load_stops_the_server(tmp_path):
+    port = free_port()
+    command = [sys.executable, "-m", "radixlm.cli", "serve", "--model", str(tmp_path / "missing"), "--port",
+               str(port)]
+    server = launch(command, tmp_path / "server.log", port)
+    assert server.process.wait(60) == 1
+    assert "the engine could not start" in server.log() and "Traceback" not in server.log()
