@@ -199,3 +199,21 @@ def test_unknown_fields_are_ignored(client, model):
     response = client.chat.completions.create(model=model, messages=MESSAGES, user="u1", **GREEDY,
                                               extra_body={"some_future_field": {"x": 1}, "store": False})
     assert response.choices[0].message.content
+
+
+def test_sampling_fields_reach_the_engine(tiny_server, client, model):
+    token = tokenize(tiny_server, "fox")[-1]
+    forced_text = tiny_server.http.post("/detokenize", json={"tokens": [token] * 4}).json()["prompt"]
+    forced = client.completions.create(model=model, prompt="the", max_tokens=4, temperature=0,
+                                       logit_bias={str(token): 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == forced_text
+    stopped = client.completions.create(model=model, prompt="the", max_tokens=4, temperature=0,
+                                        logit_bias={str(token): 100}, extra_body={"stop_token_ids": [token]})
+    assert (stopped.choices[0].finish_reason, stopped.usage.completion_tokens) == ("stop", 1)
+    capped = client.chat.completions.create(model=model, messages=MESSAGES, max_completion_tokens=3, max_tokens=9,
+                                            extra_body={"ignore_eos": True})
+    assert capped.usage.completion_tokens == 3
+    greedy = client.completions.create(model=model, prompt="the lazy", max_tokens=8, temperature=0).choices[0].text
+    top_1 = client.completions.create(model=model, prompt="the lazy", max_tokens=8, temperature=1.5,
+                                      extra_body={"top_k": 1}).choices[0].text
+    assert top_1 == greedy
