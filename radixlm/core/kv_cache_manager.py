@@ -17,6 +17,9 @@ from radixlm.core.block_pool import BlockPool
 from radixlm.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from radixlm.request import Request
 
+# Output tokens a new request's block reservation plans for at most (a preference only, see _reserve_growth).
+_MAX_RESERVED_OUTPUT_TOKENS = 512
+
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -65,22 +68,38 @@ class KVCacheManager:
         total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
         return max(0, total - len(request.block_table))
 
-    def _allocate_blocks(self, num_blocks: int) -> list[int] | None:
-        """Take free blocks, evicting unlocked tree leaves if needed; None (nothing taken) if still short."""
+    def _allocate_blocks(self, num_blocks: int, after: int | None = None) -> list[int] | None:
+        """Take free blocks (preferring the run after `after`), evicting unlocked tree leaves if needed; None
+        (nothing taken) if still short."""
         missing = num_blocks - self.block_pool.num_free_blocks
         if missing > 0 and self.radix_cache is not None:
             self.radix_cache.evict(missing)
         if not self.block_pool.can_allocate(num_blocks):
             return None
-        return self.block_pool.allocate(num_blocks)
+        return self.block_pool.allocate(num_blocks, after=after)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Extend the request's block table for `num_new_tokens` more tokens; False (and no change) if short."""
-        block_ids = self._allocate_blocks(self.num_blocks_needed(request, num_new_tokens))
+        first_allocation = not request.block_table
+        last = request.block_table[-1] if request.block_table else None
+        block_ids = self._allocate_blocks(self.num_blocks_needed(request, num_new_tokens), after=last)
         if block_ids is None:
             return False
         request.block_table.extend(block_ids)
+        if first_allocation and block_ids:
+            self._reserve_growth(request, num_new_tokens)
         return True
+
+    def _reserve_growth(self, request: Request, num_new_tokens: int) -> None:
+        """Keep the blocks after a new request's table for the rest of its prompt and (some of) its output, while
+        the pool has room, so that its K/V stay one contiguous run (see BlockPool.reserve_after)."""
+        max_tokens = request.sampling_params.max_tokens or _MAX_RESERVED_OUTPUT_TOKENS
+        future_tokens = (request.num_tokens - request.num_computed_tokens - num_new_tokens
+                         + min(max_tokens, _MAX_RESERVED_OUTPUT_TOKENS))
+        total_blocks = cdiv(request.num_computed_tokens + num_new_tokens + future_tokens, self.block_size)
+        num_blocks = total_blocks - len(request.block_table)
+        if num_blocks > 0 and 2 * num_blocks <= self.block_pool.num_free_blocks:
+            self.block_pool.reserve_after(request.block_table[-1], num_blocks)
 
     # -- prefix reuse ------------------------------------------------------------------------------------------
     def match_prefix(self, request: Request) -> PrefixMatch | None:
@@ -118,6 +137,8 @@ class KVCacheManager:
         request.block_table = shared + fresh
         request.num_computed_tokens = match.num_tokens
         self._locked_nodes[request.request_id] = match.node
+        if fresh:
+            self._reserve_growth(request, num_new_tokens)
         return True
 
     def record_admission(self, request: Request) -> None:

@@ -51,3 +51,33 @@ def test_check_invariants_catches_corruption():
     pool._ref_counts[0] = 0  # corrupt on purpose
     with pytest.raises(AssertionError):
         pool.check_invariants()
+
+
+def test_allocate_after_continues_a_run_when_free():
+    pool = BlockPool(10)
+    first = pool.allocate(2)  # 0, 1
+    other = pool.allocate(1)  # 2
+    assert pool.allocate(1, after=first[-1]) == [3]  # block 2 is taken: fall back to the oldest free one
+    pool.free(other)
+    assert pool.allocate(2, after=first[-1]) == [2, 4]  # 2 continues the run, 3 is taken, then the oldest
+    assert pool.allocate(2, after=6) == [7, 8]
+    pool.check_invariants()
+
+
+def test_reserve_after_moves_the_following_blocks_to_the_back():
+    pool = BlockPool(8)
+    prompt = pool.allocate(2)  # 0, 1
+    pool.reserve_after(prompt[-1], 3)  # 2, 3, 4 go to the back
+    assert pool.free_block_ids() == [5, 6, 7, 2, 3, 4]
+    assert pool.allocate(1) == [5]  # others take unreserved blocks first
+    assert pool.allocate(2, after=prompt[-1]) == [2, 3]  # the request grows contiguously
+    pool.check_invariants()
+
+
+def test_any_free_block_can_be_taken_in_the_middle_of_the_list():
+    pool = BlockPool(5)
+    blocks = pool.allocate(5)
+    pool.free([blocks[3], blocks[1], blocks[4]])
+    assert pool.allocate(1, after=blocks[0]) == [blocks[1]]
+    assert pool.free_block_ids() == [blocks[3], blocks[4]]
+    pool.check_invariants()
