@@ -125,6 +125,8 @@ def save_plot(results: list[WorkloadResult], path: str | Path) -> None:
             axis.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=result.name)
         axis.set(title=title, xlabel=unit, ylabel="fraction of requests" if title != "inter-token latency"
                  else "fraction of gaps")
+        if title == "inter-token latency":
+            axis.set_xscale("log")  # most gaps are one decode step; the tail (prefill stalls) is decades longer
         axis.grid(alpha=0.3)
         axis.legend()
     figure.suptitle("radixlm bench serve")
