@@ -43,6 +43,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     bench_serve(args.base_url, engine_kwargs(args), options)
 
 
+def _cmd_sampler(args: argparse.Namespace) -> None:
+    from radixlm.bench.sampler import bench_sampler
+    from radixlm.cli import engine_kwargs
+
+    bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -63,6 +70,14 @@ def add_bench_commands(commands: Any) -> None:
     prefix.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
     add_engine_args(prefix)
     prefix.set_defaults(handler=_cmd_prefix)
+
+    sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
+    sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
+    sampler.add_argument("--prompt-len", type=int, default=128)
+    sampler.add_argument("--num-steps", type=int, default=10, help="measured decode steps")
+    sampler.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(sampler)
+    sampler.set_defaults(handler=_cmd_sampler)
 
     serve = kinds.add_parser("serve", help="async OpenAI client against radixlm serve: TTFT, ITL, e2e, throughput")
     serve.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")

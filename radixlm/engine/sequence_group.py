@@ -48,10 +48,10 @@ class Sequence:
             self.num_reported_logprobs = len(self.logprobs)
         delta_token_ids = token_ids[self.num_reported_tokens:]
         self.num_reported_tokens = len(token_ids)
+        delta_text = self.text.take_delta(finished_text)  # first: finishing may add held-back bytes to the text
         return CompletionOutput(
             index=index, text=self.text.text, token_ids=token_ids, finish_reason=self.finish_reason,
-            stop_reason=self.stop_reason, delta_text=self.text.take_delta(finished_text),
-            delta_token_ids=delta_token_ids,
+            stop_reason=self.stop_reason, delta_text=delta_text, delta_token_ids=delta_token_ids,
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=list(self.logprobs) if self.logprobs is not None else None, delta_logprobs=delta_logprobs)
 

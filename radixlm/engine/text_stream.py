@@ -1,6 +1,7 @@
 """TextStream: the visible text of one generated sequence, token by token, with stop strings and streaming deltas.
 
-- Text grows through the incremental detokenizer, which holds back the bytes of an unfinished multi-byte character.
+- Text grows through the incremental detokenizer, which holds back the bytes of an unfinished multi-byte character
+  (flushed, as a full decode would show them, only when the sequence ends on one).
 - Stop strings are looked for once more than `min_tokens` tokens were generated (as vLLM does); the text is cut
   before the stop string, or after it with `include_stop_str_in_output`.
 - `take_delta` returns the text not yet emitted, minus the end that could still turn out to be the start of a stop
@@ -45,7 +46,12 @@ class TextStream:
         return match.stop
 
     def take_delta(self, finished: bool) -> str:
-        """The text to stream now: everything new once finished, else all but a possible stop-string start."""
+        """The text to stream now: everything new once finished, else all but a possible stop-string start.
+
+        At the finish, bytes held back for an unfinished character are decoded as they are.
+        """
+        if finished and self._detokenizer is not None and self.stop_string is None:
+            self.text += self._detokenizer.flush()
         end = len(self.text)
         if self._hold_back and not finished and self.stop_string is None:
             end -= held_back_length(self.text[self._num_emitted:], self._stops)

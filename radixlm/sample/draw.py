@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.sample.filters import Filtered
+from radixlm.sample.filters import Filtered, kept_weights
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -44,6 +44,5 @@ def draw_tokens(z: torch.Tensor, row_max: torch.Tensor, filtered: Filtered, unif
     else:
         rows_z, rest_max, cut = z[rest], row_max[rest], filtered.thresholds[rest]
     if rest.numel():
-        weights = torch.exp(rows_z - rest_max[:, None]) * (rows_z >= cut[:, None])
-        token_ids[rest] = inverse_cdf(weights, uniforms[rest])
+        token_ids[rest] = inverse_cdf(kept_weights(rows_z, rest_max, cut), uniforms[rest])
     return token_ids

@@ -7,10 +7,11 @@ Each filter keeps the most likely tokens, so each is a cut on z, and the three i
 - top-p renormalises what is left and keeps a token when the tokens strictly more likely than it hold less than
   p of the mass: the token that crosses p is kept, and so are its ties.
 
-Finding the top-k / top-p cut needs the tokens in order of z, and a full sort of a [64, 49152] batch costs more
-than a tenth of a forward on CPU. So candidates come from `topk` with a growing size (64, then 1024, then the
-vocabulary): a row is done as soon as its last candidate falls below its cut, since then every kept token is a
-candidate. Peaked model distributions finish at 64.
+Finding the top-k / top-p cut needs the tokens in order of z, and a full sort of a [64, 49152] batch costs about
+half a forward on CPU. So the rows first get their 64 most likely tokens (`topk`): a row is done when its last
+candidate falls below its cut, since then every kept token is a candidate; peaked distributions and top-k rows
+finish there. A row whose nucleus is wider gets its top-p cut from a histogram of its probability mass over logit
+buckets: only the tokens of the bucket where the mass above reaches p are sorted (`nucleus_cut`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-CANDIDATE_SIZES = (64, 1024)
+NUM_CANDIDATES = 64
+NUM_BUCKETS = 4096
+BUCKETS_PER_UNIT = 128  # the buckets cover 32 units of z below the row's max; everything lower shares the last
 
 
 @dataclass
@@ -41,43 +44,75 @@ class Filtered:
 
 
 def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.Tensor, top_ks: torch.Tensor,
-                      top_ps: torch.Tensor, candidate_sizes: tuple[int, ...] = CANDIDATE_SIZES) -> Filtered:
+                      top_ps: torch.Tensor, num_candidates: int = NUM_CANDIDATES) -> Filtered:
     """Thresholds of min_p (given as ln(min_p), -inf for off), top-k (0 = off) and top-p (1 = off) for rows `z`."""
     vocab_size = z.shape[1]
     thresholds = row_max + min_p_logs
     pending = ((top_ks > 0) | (top_ps < 1.0)).nonzero().squeeze(1)
-    groups = []
-    for size in (*candidate_sizes, vocab_size):
-        if pending.numel() == 0:
-            break
-        num_candidates = min(vocab_size, max(size, int(top_ks[pending].max())))
-        rows_z = z[pending]
-        values, token_ids = rows_z.topk(num_candidates, dim=1)
-        cut, done = _cut(rows_z, values, row_max[pending], thresholds[pending], top_ks[pending], top_ps[pending],
-                         whole_vocab=num_candidates == vocab_size)
-        finished = pending[done]
-        thresholds[finished] = cut[done]
-        groups.append(Candidates(finished, token_ids[done], values[done], cut[done]))
-        pending = pending[~done]
+    if pending.numel() == 0:
+        return Filtered(thresholds, [])
+    rows_z = z if pending.numel() == z.shape[0] else z[pending]  # (all rows pending: pending == arange)
+    size = min(vocab_size, max(num_candidates, 1, int(top_ks[pending].max())))
+    values, token_ids = rows_z.topk(size, dim=1)
+    base_cut = _top_k_cut(values, thresholds[pending], top_ks[pending])
+    top_ps = top_ps[pending]
+    cut = _top_p_cut_among(values, row_max[pending], base_cut, top_ps, rows_z, whole_vocab=size == vocab_size)
+    done = (values[:, -1] < cut) if size < vocab_size else torch.ones_like(cut, dtype=torch.bool)
+    groups = [Candidates(pending[done], token_ids[done], values[done], cut[done])] if bool(done.any()) else []
+    # Not done: top-k's cut is exact whatever the candidates; top-p needs the histogram.
+    wide = ~done & (top_ps < 1.0)
+    if bool(wide.any()):
+        wide_z = rows_z if bool(wide.all()) else rows_z[wide]
+        cut[wide] = nucleus_cut(wide_z, row_max[pending][wide], base_cut[wide], top_ps[wide])
+    cut[~done & (top_ps >= 1.0)] = base_cut[~done & (top_ps >= 1.0)]
+    thresholds[pending] = cut
     return Filtered(thresholds, groups)
 
 
-def _cut(rows_z: torch.Tensor, values: torch.Tensor, row_max: torch.Tensor, min_p_cut: torch.Tensor,
-         top_ks: torch.Tensor, top_ps: torch.Tensor, whole_vocab: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cut of rows whose `values` are their largest logits (descending), and which rows it is final for."""
-    num_candidates = values.shape[1]
-    kth = values.gather(1, (top_ks.clamp(1, num_candidates) - 1)[:, None]).squeeze(1)
-    cut = torch.where(top_ks > 0, torch.maximum(min_p_cut, kth), min_p_cut)
+def kept_weights(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """exp(z - max) where z >= cut, else 0: unnormalised probabilities of the kept tokens."""
+    weights = torch.exp(rows_z - row_max[:, None])
+    if bool((cut > float("-inf")).any()):
+        weights.mul_(rows_z >= cut[:, None])  # in place: multiplying by a bool tensor out of place is far slower
+    return weights
+
+
+def _top_k_cut(values: torch.Tensor, min_p_cut: torch.Tensor, top_ks: torch.Tensor) -> torch.Tensor:
+    kth = values.gather(1, (top_ks.clamp(1, values.shape[1]) - 1)[:, None]).squeeze(1)
+    return torch.where(top_ks > 0, torch.maximum(min_p_cut, kth), min_p_cut)
+
+
+def _top_p_cut_among(values: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, top_ps: torch.Tensor,
+                     rows_z: torch.Tensor, whole_vocab: bool) -> torch.Tensor:
+    """The top-p cut if the nucleus ends among the candidates `values` (largest first); else <= values[:, -1]."""
     weights = torch.exp(values - row_max[:, None]) * (values >= cut[:, None])
     total = weights.sum(1)
-    outside = ~(values[:, -1] < cut) if not whole_vocab else torch.zeros_like(cut, dtype=torch.bool)
-    if bool(outside.any()):  # some kept tokens are not candidates: the mass to renormalise by needs the full row
-        rest = rows_z[outside]
-        total[outside] = (torch.exp(rest - row_max[outside, None]) * (rest >= cut[outside, None])).sum(1)
+    outside = (values[:, -1] >= cut) & (top_ps < 1.0) if not whole_vocab else torch.zeros_like(top_ps, dtype=bool)
+    if bool(outside.any()):  # kept tokens beyond the candidates: the mass to renormalise by needs the full row
+        rest = rows_z if bool(outside.all()) else rows_z[outside]
+        total[outside] = kept_weights(rest, row_max[outside], cut[outside]).sum(1)
     probs = weights / total[:, None]
-    mass_before = probs.cumsum(1) - probs
-    kept = (mass_before < top_ps[:, None]) & (values >= cut[:, None])  # a prefix: both parts are
+    kept = (probs.cumsum(1) - probs < top_ps[:, None]) & (values >= cut[:, None])  # a prefix: both parts are
     last_kept = values.gather(1, (kept.sum(1).clamp(min=1) - 1)[:, None]).squeeze(1)
-    cut = torch.where(top_ps < 1.0, torch.maximum(cut, last_kept), cut)
-    done = torch.ones_like(cut, dtype=torch.bool) if whole_vocab else values[:, -1] < cut
-    return cut, done
+    return torch.where(top_ps < 1.0, torch.maximum(cut, last_kept), cut)
+
+
+def nucleus_cut(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """The exact top-p cut over the tokens with z >= `cut`, without sorting whole rows."""
+    weights = kept_weights(rows_z, row_max, cut)
+    target = top_ps * weights.sum(1)
+    buckets = ((row_max[:, None] - rows_z) * BUCKETS_PER_UNIT).clamp_(max=NUM_BUCKETS - 1).long()
+    mass = torch.zeros(rows_z.shape[0], NUM_BUCKETS).scatter_add_(1, buckets, weights)
+    mass_above_bucket = mass.cumsum(1) - mass
+    crossing = ((mass_above_bucket + mass) < target[:, None]).sum(1).clamp_(max=NUM_BUCKETS - 1)
+    rows, columns = (buckets == crossing[:, None]).nonzero(as_tuple=True)
+    values, masses = rows_z[rows, columns], weights[rows, columns]
+    order = values.argsort(descending=True, stable=True)
+    order = order[rows[order].argsort(stable=True)]  # by row, then by z descending
+    rows, values, masses = rows[order], values[order], masses[order]
+    mass_before = masses.cumsum(0) - masses
+    mass_before -= mass_before[torch.searchsorted(rows, rows)]  # restart at each row's first token
+    mass_above = mass_above_bucket.gather(1, crossing[:, None]).squeeze(1)[rows] + mass_before
+    kept = (mass_above < target[rows]) & (masses > 0)
+    last_kept = torch.full_like(cut, float("inf")).scatter_reduce_(0, rows[kept], values[kept], "amin")
+    return torch.maximum(cut, torch.where(torch.isinf(last_kept), row_max, last_kept))

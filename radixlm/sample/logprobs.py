@@ -27,9 +27,13 @@ def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: li
     if logprobs.shape[0] == 0:
         return []
     chosen = logprobs.gather(1, token_ids[:, None])
-    ranks = (logprobs > chosen).sum(1) + 1
-    max_top = max(num_top)
-    top_values, top_ids = logprobs.topk(max_top, dim=1) if max_top else (logprobs[:, :0], token_ids[:, None][:, :0])
+    top_values, top_ids = logprobs.topk(max(1, *num_top), dim=1)
+    # A chosen token at least as likely as the last of the top ones has every more likely token among them; the
+    # others need a count over their row.
+    ranks = (top_values > chosen).sum(1) + 1
+    outside = chosen.squeeze(1) < top_values[:, -1]
+    if bool(outside.any()):
+        ranks[outside] = (logprobs[outside] > chosen[outside]).sum(1) + 1
     rows = zip(token_ids.tolist(), chosen.squeeze(1).tolist(), ranks.tolist(), top_ids.tolist(),
                top_values.tolist(), num_top, strict=True)
     return [TokenLogprobs(token_id, logprob, rank, ids[:n], values[:n])

@@ -25,7 +25,7 @@ import torch
 from radixlm.request import Request
 from radixlm.sample.batch import SamplingBatch
 from radixlm.sample.draw import draw_tokens
-from radixlm.sample.filters import CANDIDATE_SIZES, filter_thresholds
+from radixlm.sample.filters import NUM_CANDIDATES, filter_thresholds
 from radixlm.sample.logprobs import TokenLogprobs, gather_logprobs
 from radixlm.sample.penalties import PenaltyStats, apply_penalties
 from radixlm.sample.rng import stream_uniforms
@@ -40,9 +40,9 @@ class SamplerOutput:
 class Sampler:
     """`sampler(logits, requests)`: row i of `logits` ([B, vocab] float32, modified in place) is `requests[i]`."""
 
-    def __init__(self, vocab_size: int, candidate_sizes: tuple[int, ...] = CANDIDATE_SIZES) -> None:
+    def __init__(self, vocab_size: int, num_candidates: int = NUM_CANDIDATES) -> None:
         self.vocab_size = vocab_size
-        self.candidate_sizes = candidate_sizes
+        self.num_candidates = num_candidates
         self.penalty_stats = PenaltyStats(vocab_size)
         self._batch: SamplingBatch | None = None
         self._batch_requests: list[Request] = []  # held so that their id()s stay unique
@@ -52,7 +52,8 @@ class Sampler:
         batch = self._batch_for(requests)
         raw_logprobs = None
         if len(batch.logprob_rows):
-            raw_logprobs = torch.log_softmax(logits[batch.logprob_rows], dim=1)
+            raw = logits if len(batch.logprob_rows) == batch.num_rows else logits[batch.logprob_rows]
+            raw_logprobs = torch.log_softmax(raw, dim=1)  # a new tensor: the logits are changed in place below
         num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
         self._adjust_logits(logits, batch, requests, num_outputs)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
@@ -88,8 +89,7 @@ class Sampler:
         if penalty_requests or self.penalty_stats.output_counts.shape[0]:
             self.penalty_stats.update(penalty_requests)
         if penalty_requests:
-            apply_penalties(logits, batch.penalty_rows, self.penalty_stats.in_prompt,
-                            self.penalty_stats.output_counts, batch.repetition_penalties,
+            apply_penalties(logits, batch.penalty_rows, self.penalty_stats, batch.repetition_penalties,
                             batch.frequency_penalties, batch.presence_penalties)
 
     def _draw(self, logits: torch.Tensor, batch: SamplingBatch, num_outputs: torch.Tensor) -> torch.Tensor:
@@ -97,6 +97,6 @@ class Sampler:
         z = logits if batch.all_random else logits[batch.random_rows]
         z.div_(batch.temperatures[:, None])
         row_max = z.amax(1)
-        filtered = filter_thresholds(z, row_max, batch.min_p_logs, batch.top_ks, batch.top_ps, self.candidate_sizes)
+        filtered = filter_thresholds(z, row_max, batch.min_p_logs, batch.top_ks, batch.top_ps, self.num_candidates)
         uniforms = stream_uniforms(batch.key_lows, batch.key_highs, num_outputs[batch.random_rows])
         return draw_tokens(z, row_max, filtered, uniforms)

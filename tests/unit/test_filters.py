@@ -7,12 +7,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from radixlm.sample.draw import draw_tokens, inverse_cdf
-from radixlm.sample.filters import filter_thresholds
+from radixlm.sample.filters import filter_thresholds, nucleus_cut
 
 INF = math.inf
 MARGIN = 1e-4  # cases closer than this to a cut are float-rounding questions, not semantics: skipped
 
 logit_values = st.one_of(st.sampled_from([-INF, -1.0, 0.0, 1.0, 2.5]), st.floats(-20, 20, width=32))
+close_values = st.one_of(logit_values, st.integers(-8, 8).map(lambda k: k / 2048))  # 1/128 apart at most
 row_params = st.tuples(
     st.lists(logit_values, min_size=1, max_size=30).filter(lambda row: any(v > -INF for v in row)),
     st.sampled_from([0.0, 0.0, 0.05, 0.3, 0.9]),  # min_p
@@ -51,20 +52,20 @@ def pad(rows):
     return torch.tensor([row + [-INF] * (width - len(row)) for row in rows], dtype=torch.float32)
 
 
-def run_filters(rows, candidate_sizes):
+def run_filters(rows, num_candidates):
     z = pad([r[0] for r in rows]) / torch.tensor([[r[4]] for r in rows])
     row_max = z.amax(1)
     min_p_logs = torch.tensor([math.log(r[1]) if r[1] > 0 else -INF for r in rows])
     filtered = filter_thresholds(z, row_max, min_p_logs, torch.tensor([r[2] for r in rows]),
-                                 torch.tensor([r[3] for r in rows], dtype=torch.float32), candidate_sizes)
+                                 torch.tensor([r[3] for r in rows], dtype=torch.float32), num_candidates)
     return z, row_max, filtered
 
 
 @settings(max_examples=400, deadline=None)
-@given(rows=st.lists(row_params, min_size=1, max_size=5), candidate_sizes=st.sampled_from([(), (2,), (1, 4)]))
-def test_filters_keep_exactly_the_reference_tokens(rows, candidate_sizes):
+@given(rows=st.lists(row_params, min_size=1, max_size=5), num_candidates=st.sampled_from([1, 2, 4, 64]))
+def test_filters_keep_exactly_the_reference_tokens(rows, num_candidates):
     references = [reference_kept(*row) for row in rows]
-    z, _, filtered = run_filters(rows, candidate_sizes)
+    z, _, filtered = run_filters(rows, num_candidates)
     for index, (_, kept) in enumerate(references):
         row = z[index, :len(rows[index][0])]
         actual = {i for i, v in enumerate(row.tolist()) if v > -INF and v >= filtered.thresholds[index].item()}
@@ -72,6 +73,23 @@ def test_filters_keep_exactly_the_reference_tokens(rows, candidate_sizes):
     for group in filtered.candidates:  # candidates hold every kept token of their rows
         for row, token_ids in zip(group.rows.tolist(), group.token_ids.tolist(), strict=True):
             assert references[row][1] <= set(token_ids)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.tuples(st.lists(close_values, min_size=1, max_size=40).filter(lambda r: max(r) > -INF),
+                               st.sampled_from([0.1, 0.5, 0.9, 0.99]), st.sampled_from([0.0, 0.05, 0.4])),
+                     min_size=1, max_size=6))
+def test_nucleus_histogram_cut_matches_reference(rows):
+    """The histogram path alone (wide nuclei), with a min_p cut below it: same kept sets as the reference. Logits
+    this close share a histogram bucket, so the exact ordering inside the crossing bucket is exercised."""
+    references = [reference_kept(row, min_p, 0, top_p, 1.0)[1] for row, top_p, min_p in rows]
+    z = pad([row for row, _, _ in rows])
+    row_max = z.amax(1)
+    base_cut = row_max + torch.tensor([math.log(min_p) if min_p else -INF for _, _, min_p in rows])
+    cut = nucleus_cut(z, row_max, base_cut, torch.tensor([top_p for _, top_p, _ in rows]))
+    for index, kept in enumerate(references):
+        row = z[index, :len(rows[index][0])].tolist()
+        assert {i for i, v in enumerate(row) if v > -INF and v >= cut[index].item()} == kept
 
 
 def reference_draw(z, kept, u):
@@ -89,12 +107,12 @@ def reference_draw(z, kept, u):
 
 
 @settings(max_examples=400, deadline=None)
-@given(rows=st.lists(row_params, min_size=1, max_size=5), candidate_sizes=st.sampled_from([(), (2,), (1, 4)]),
+@given(rows=st.lists(row_params, min_size=1, max_size=5), num_candidates=st.sampled_from([1, 2, 4, 64]),
        uniforms=st.lists(st.floats(0, 1, exclude_max=True), min_size=5, max_size=5))
-def test_draw_matches_inverse_cdf_reference(rows, candidate_sizes, uniforms):
+def test_draw_matches_inverse_cdf_reference(rows, num_candidates, uniforms):
     references = [reference_kept(*row) for row in rows]
     expected = [reference_draw(z, kept, u) for (z, kept), u in zip(references, uniforms, strict=False)]
-    z, row_max, filtered = run_filters(rows, candidate_sizes)
+    z, row_max, filtered = run_filters(rows, num_candidates)
     tokens = draw_tokens(z, row_max, filtered, torch.tensor(uniforms[:len(rows)], dtype=torch.float64))
     assert tokens.tolist() == expected
 

@@ -50,9 +50,8 @@ def test_penalties_match_reference(rows):
     requests = [make_request(prompt, output) for _, prompt, output, *_ in rows]
     stats = PenaltyStats(VOCAB)
     stats.update(requests)
-    apply_penalties(logits, torch.arange(len(rows)), stats.in_prompt, stats.output_counts,
-                    torch.tensor([r[3] for r in rows]), torch.tensor([r[4] for r in rows]),
-                    torch.tensor([r[5] for r in rows]))
+    apply_penalties(logits, torch.arange(len(rows)), stats, torch.tensor([r[3] for r in rows]),
+                    torch.tensor([r[4] for r in rows]), torch.tensor([r[5] for r in rows]))
     for actual, (row, _, output, repetition, frequency, presence), request in zip(
             logits.tolist(), rows, requests, strict=True):
         expected = reference_penalties(torch.tensor(row).tolist(), request.prompt_token_ids, output, repetition,
@@ -74,8 +73,10 @@ def test_penalty_stats_carried_across_steps_equal_a_fresh_count(sequences, sched
         stats.update([requests[i] for i in rows])
         fresh = PenaltyStats(VOCAB)
         fresh.update([requests[i] for i in rows])
-        assert torch.equal(stats.in_prompt, fresh.in_prompt)
+        assert torch.equal(stats.seen, fresh.seen)
         assert torch.equal(stats.output_counts, fresh.output_counts)
+        assert stats.seen_cells.sort().values.tolist() == fresh.seen_cells.tolist()
+        assert stats.output_cells.sort().values.tolist() == fresh.output_cells.tolist()
         for i in rows:
             for token_id in pending[i].pop(0) if pending[i] else []:
                 requests[i].append_output_token(token_id)

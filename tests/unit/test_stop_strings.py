@@ -94,3 +94,16 @@ def test_find_stop(text, new, stops, expected):
 ])
 def test_held_back_length(text, stops, expected):
     assert held_back_length(text, stops) == expected
+
+
+def test_a_sequence_ending_inside_a_character_shows_what_a_full_decode_shows(tokenizer):
+    token_ids = tokenizer.encode("ab 你好")[:-1]  # the last byte of 好 is missing
+    stream = TextStream(tokenizer, [5], SamplingParams())
+    deltas = []
+    for count, token_id in enumerate(token_ids, 1):
+        stream.add_token(token_id, count)
+        deltas.append(stream.take_delta(finished=False))
+    assert "".join(deltas) == "ab 你"  # the unfinished character waits
+    deltas.append(stream.take_delta(finished=True))
+    assert "".join(deltas) == stream.text == tokenizer.decode(token_ids)
+    assert stream.text.endswith("\ufffd")

@@ -1,0 +1,99 @@
+"""n > 1 and best_of: one prompt forks into sequences that share its KV blocks, each with its own stream."""
+
+import pytest
+
+from e2e.engine_runs import drain, run
+from radixlm.engine.llm import LLM
+from radixlm.engine.llm_engine import build_engine
+from radixlm.sampling_params import SamplingParams
+
+PROMPT = list(range(60, 70))  # 10 tokens: two full blocks of 4 and a partial one
+PARAMS = SamplingParams(n=4, seed=77, temperature=1.0, max_tokens=12, ignore_eos=True)
+ENGINE = dict(num_kv_blocks=128, block_size=4)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return str(tiny_model_dir("llama"))
+
+
+@pytest.fixture(scope="module")
+def four(model):
+    engine = build_engine(model=model, **ENGINE)
+    return run(engine, [("r", PROMPT, PARAMS)])["r"]
+
+
+def test_the_pool_holds_one_copy_of_the_prompt_blocks(model):
+    engine = build_engine(model=model, enable_prefix_caching=False, **ENGINE)
+    engine.add_request("r", PROMPT, PARAMS)
+    engine.step()  # computes the prompt, samples four first tokens, forks
+    engine.check_invariants()
+    sequences = [engine.scheduler.requests[sid] for sid in ("r", "r#1", "r#2", "r#3")]
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    full_blocks = sequences[0].block_table[:2]
+    for sequence in sequences:
+        assert sequence.block_table[:2] == full_blocks  # the same physical blocks
+        assert sequence.num_computed_tokens == len(PROMPT) and sequence.num_output_tokens == 1
+    assert [pool.ref_count(b) for b in full_blocks] == [4, 4]
+    tails = [sequence.block_table[2] for sequence in sequences]
+    assert len(set(tails) | set(full_blocks)) == 6  # the partial block: one private copy per sequence
+    assert [pool.ref_count(b) for b in tails] == [1, 1, 1, 1]
+    assert engine._pending_block_copies == [(tails[0], tail, 2) for tail in tails[1:]]
+    engine.step()  # the copies are applied before this forward
+    assert engine._pending_block_copies == []
+    drain(engine)
+
+
+def test_four_sequences_differ_and_each_is_reproducible(model, four):
+    outputs = [four.token_ids(i) for i in range(4)]
+    assert all(len(tokens) == 12 for tokens in outputs)
+    assert len({tuple(tokens) for tokens in outputs}) == 4
+    again = run(build_engine(model=model, **ENGINE), [("r", PROMPT, PARAMS)])["r"]
+    assert [again.token_ids(i) for i in range(4)] == outputs
+
+
+def test_sequence_i_draws_the_stream_of_seed_plus_i(model, four):
+    engine = build_engine(model=model, **ENGINE)
+    singles = run(engine, [(f"s{i}", PROMPT, PARAMS.replace(n=1, seed=PARAMS.seed + i)) for i in range(4)])
+    assert [singles[f"s{i}"].token_ids() for i in range(4)] == [four.token_ids(i) for i in range(4)]
+
+
+def test_best_of_returns_the_n_most_likely_sequences(model):
+    engine = build_engine(model=model, **ENGINE)
+    results = run(engine, [("all", PROMPT, PARAMS.replace(logprobs=0)),
+                           ("best", PROMPT, PARAMS.replace(n=2, best_of=4))])
+    ranked = sorted(results["all"].sequences.values(), key=lambda s: -s.cumulative_logprob)
+    best = results["best"]
+    assert [best.token_ids(i) for i in range(2)] == [s.token_ids for s in ranked[:2]]
+    assert len(best.sequences) == 2
+    assert best.streamed_token_ids[0] == best.token_ids(0)  # nothing was streamed before the end
+
+
+def test_streamed_outputs_carry_each_index(model):
+    engine = build_engine(model=model, **ENGINE)
+    result = run(engine, [("r", PROMPT, PARAMS.replace(max_tokens=5))])["r"]
+    for index in range(4):
+        assert result.streamed_token_ids[index] == result.token_ids(index)
+        assert result.streamed_text[index] == result.sequences[index].text
+        assert result.sequences[index].finish_reason == "length"
+
+
+def test_abort_before_the_fork_finishes_every_sequence(model):
+    engine = build_engine(model=model, **ENGINE)
+    engine.add_request("r", PROMPT, PARAMS)
+    output = engine.abort_request("r")
+    assert output.finished and [c.finish_reason for c in output.outputs] == ["abort"] * 4
+    assert not engine.has_unfinished_requests()
+    engine.add_request("r", PROMPT, PARAMS)  # the ids are free again
+    engine.step()
+    output = engine.abort_request("r")
+    assert output.finished and len(output.outputs) == 4
+    drain(engine)
+
+
+def test_llm_generate_returns_all_n_completions(model):
+    llm = LLM(model=model, **ENGINE)
+    outputs = llm.generate([PROMPT, PROMPT[:5]], SamplingParams(n=3, seed=1, max_tokens=4, ignore_eos=True),
+                           use_tqdm=False)
+    assert [[c.index for c in o.outputs] for o in outputs] == [[0, 1, 2], [0, 1, 2]]
+    assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for o in outputs for c in o.outputs)
