@@ -62,9 +62,9 @@ def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache:
     q = q.transpose(0, 1).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     outs = []
     for index in range(batch):
-        slots = group.slots(index, sliding_window)
-        keys = key_cache.index_select(0, slots).transpose(0, 1)[None]  # [1, Hkv, L, D]
-        values = value_cache.index_select(0, slots).transpose(0, 1)[None]
+        where = group.slots(index, sliding_window)
+        keys = _read(key_cache, where).transpose(0, 1)[None]  # [1, Hkv, L, D]
+        values = _read(value_cache, where).transpose(0, 1)[None]
         outs.append(_attention(q[index:index + 1], keys, values, None, scaling, softcap, causal=False))
     out = torch.cat(outs).reshape(batch, num_heads, head_dim)
     if group.rows_are_prefix:
@@ -81,12 +81,17 @@ def _attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: t
     if segment.context_slots is None:  # the chunk is the whole context: use the fresh K/V directly
         keys, values = new_keys[rows], new_values[rows]
     else:
-        keys, values = key_cache[segment.context_slots], value_cache[segment.context_slots]
+        keys, values = _read(key_cache, segment.context_slots), _read(value_cache, segment.context_slots)
     q = queries[:, rows][None]  # [1, Hq, q, D]
     mask = segment.mask(sliding_window)
     out = _attention(q, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask, scaling, softcap,
                      causal=mask is None)
     output[rows] = out[0].transpose(0, 1)
+
+
+def _read(cache: torch.Tensor, where: torch.Tensor | slice) -> torch.Tensor:
+    """The cache rows of a context: a view for a contiguous run of slots, a gather otherwise."""
+    return cache[where] if isinstance(where, slice) else cache.index_select(0, where)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

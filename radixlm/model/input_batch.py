@@ -26,12 +26,17 @@ class DecodeGroup:
     query_rows: torch.Tensor     # [B] rows of the packed batch
     context_slots: torch.Tensor  # [B, L_max] slot of each context position (padding points at slot 0)
     context_lens: list[int]      # [B]
+    first_slots: list[int | None]  # [B] slot of position 0 when the whole context is one run of slots
     rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
 
-    def slots(self, index: int, sliding_window: int | None) -> torch.Tensor:
-        """Slots request `index` attends to: its whole context, or the last `sliding_window` positions."""
+    def slots(self, index: int, sliding_window: int | None) -> torch.Tensor | slice:
+        """Slots request `index` attends to (its whole context, or the last `sliding_window` positions): a slice
+        of the cache when they are contiguous, else a tensor of slot indices to gather."""
         length = self.context_lens[index]
         start = 0 if sliding_window is None else max(0, length - sliding_window)
+        first = self.first_slots[index]
+        if first is not None:
+            return slice(first + start, first + length)
         return self.context_slots[index, start:length]
 
 
@@ -41,7 +46,7 @@ class PrefillSegment:
 
     start: int
     num_queries: int
-    context_slots: torch.Tensor | None  # [L] slots of positions 0..L-1; None when the chunk is the whole context
+    context_slots: torch.Tensor | slice | None  # positions 0..L-1 (a slice when contiguous); None: the chunk is all
     context_len: int
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
@@ -120,6 +125,18 @@ class InputBatch:
                    attn_metadata=metadata, num_sampled_rows=len(logits_rows), extra_rows=extra_rows)
 
 
+def _first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
+    """Slot of position 0 when positions 0..context_len-1 live in one run of consecutive blocks (then their K/V
+    are one slice of the cache and attention reads them without a gather; see BlockPool)."""
+    num_blocks = -(-context_len // block_size)
+    first = block_table[0]
+    if block_table[num_blocks - 1] - first != num_blocks - 1:
+        return None
+    if any(block_table[i] != first + i for i in range(1, num_blocks - 1)):
+        return None
+    return first * block_size
+
+
 def _context_slots(block_rows: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
     """Slots of positions 0..context_len-1 for block-table rows `[B, max_blocks]` -> `[B, context_len]`."""
     positions = torch.arange(context_len)
@@ -138,8 +155,10 @@ def _decode_group(output: SchedulerOutput, block_tables: torch.Tensor, block_siz
     if not rows:
         return None
     slots = _context_slots(block_tables[torch.tensor(indices)], max(lens), block_size)
+    first_slots = [_first_slot_if_contiguous(output.chunks[i].block_table, length, block_size)
+                   for i, length in zip(indices, lens, strict=True)]
     return DecodeGroup(query_rows=torch.tensor(rows), context_slots=slots, context_lens=lens,
-                       rows_are_prefix=rows == list(range(len(rows))))
+                       first_slots=first_slots, rows_are_prefix=rows == list(range(len(rows))))
 
 
 def _prefill_segments(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> list[PrefillSegment]:
@@ -147,8 +166,11 @@ def _prefill_segments(output: SchedulerOutput, block_tables: torch.Tensor, block
     row = 0
     for index, chunk in enumerate(output.chunks):
         if chunk.num_tokens > 1:
-            slots = None if chunk.start_position == 0 else \
-                _context_slots(block_tables[index:index + 1], chunk.context_len, block_size)[0]
+            slots: torch.Tensor | slice | None = None
+            if chunk.start_position > 0:
+                first = _first_slot_if_contiguous(chunk.block_table, chunk.context_len, block_size)
+                slots = slice(first, first + chunk.context_len) if first is not None else \
+                    _context_slots(block_tables[index:index + 1], chunk.context_len, block_size)[0]
             segments.append(PrefillSegment(start=row, num_queries=chunk.num_tokens, context_slots=slots,
                                            context_len=chunk.context_len))
         row += chunk.num_tokens
