@@ -1,0 +1,35 @@
+"""Per-step tensors: slots, contiguous runs read as slices, decode grouping."""
+
+import torch
+
+from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.model.input_batch import InputBatch, _first_slot_if_contiguous
+from radixlm.model.kv_cache import PagedKVCache
+
+
+def test_contiguity_detection():
+    assert _first_slot_if_contiguous([5, 6, 7], 10, 4) == 20
+    assert _first_slot_if_contiguous([5, 6, 9], 8, 4) == 20  # only the blocks the context uses count
+    assert _first_slot_if_contiguous([5, 6, 9], 9, 4) is None
+    assert _first_slot_if_contiguous([0, 2, 1, 3], 16, 4) is None  # right span, wrong order
+    assert _first_slot_if_contiguous([7], 3, 4) == 28
+
+
+def test_slots_of_runs_and_scattered_tables_agree():
+    cache = PagedKVCache(num_layers=1, num_blocks=16, block_size=4, num_kv_heads=1, head_dim=2,
+                         dtype=torch.float32)
+    output = SchedulerOutput(chunks=[
+        ScheduledChunk("run", [1], 9, [3, 4, 5], samples=True),
+        ScheduledChunk("scattered", [1], 9, [3, 8, 5], samples=True),
+        ScheduledChunk("prefill-run", [1, 2, 3], 5, [10, 11], samples=True),
+        ScheduledChunk("prefill-scattered", [1, 2, 3], 5, [10, 2], samples=True),
+    ])
+    batch = InputBatch.build(output, cache)
+    decode = batch.attn_metadata.decode
+    assert decode.slots(0, None) == slice(12, 22)
+    assert decode.slots(0, 4) == slice(18, 22)
+    assert decode.slots(1, None).tolist() == [12, 13, 14, 15, 32, 33, 34, 35, 20, 21]
+    run, scattered = batch.attn_metadata.prefills
+    assert run.context_slots == slice(40, 48)
+    assert scattered.context_slots.tolist() == [40, 41, 42, 43, 8, 9, 10, 11]
+    assert batch.attn_metadata.slot_mapping.tolist() == [21, 21, 45, 46, 47, 9, 10, 11]
