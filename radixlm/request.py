@@ -120,11 +120,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    @property
-    def skip_reading_prefix_cache(self) -> bool:
-        """Prompt logprobs need the logits of every prompt position, so the prompt must be computed, not reused."""
-        return self.sampling_params.prompt_logprobs is not None
-
     def append_output_token(self, token_id: int) -> None:
         self.all_token_ids.append(token_id)
         self.num_tokens += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.sample.filters import Filtered, kept_weights
+from radixlm.sample.filters import Filtered, kept_weights, mask_below
 
 
 def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -44,5 +44,9 @@ def draw_tokens(z: torch.Tensor, row_max: torch.Tensor, filtered: Filtered, unif
     else:
         rows_z, rest_max, cut = z[rest], row_max[rest], filtered.thresholds[rest]
     if rest.numel():
-        token_ids[rest] = inverse_cdf(kept_weights(rows_z, rest_max, cut), uniforms[rest])
+        if filtered.full_rows is not None and torch.equal(filtered.full_rows, rest):
+            weights = mask_below(filtered.full_weights, rows_z, cut)  # type: ignore[arg-type]
+        else:
+            weights = kept_weights(rows_z, rest_max, cut)
+        token_ids[rest] = inverse_cdf(weights, uniforms[rest])
     return token_ids

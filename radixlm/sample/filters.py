@@ -37,10 +37,14 @@ class Candidates:
 
 @dataclass
 class Filtered:
-    """`thresholds[i]`: row i keeps z >= it. Rows in no `Candidates` group are sampled over the whole vocabulary."""
+    """`thresholds[i]`: row i keeps z >= it. Rows in no `Candidates` group are sampled over the whole vocabulary;
+    `full_weights` are `kept_weights` of the rows `full_rows` (masked by a lower cut) when the filters already
+    computed them, for the draw to reuse."""
 
     thresholds: torch.Tensor
     candidates: list[Candidates]
+    full_rows: torch.Tensor | None = None
+    full_weights: torch.Tensor | None = None
 
 
 def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.Tensor, top_ks: torch.Tensor,
@@ -54,24 +58,42 @@ def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.
     rows_z = z if pending.numel() == z.shape[0] else z[pending]  # (all rows pending: pending == arange)
     size = min(vocab_size, max(num_candidates, 1, int(top_ks[pending].max())))
     values, token_ids = rows_z.topk(size, dim=1)
+    row_max, top_ps = row_max[pending], top_ps[pending]
     base_cut = _top_k_cut(values, thresholds[pending], top_ks[pending])
-    top_ps = top_ps[pending]
-    cut = _top_p_cut_among(values, row_max[pending], base_cut, top_ps, rows_z, whole_vocab=size == vocab_size)
-    done = (values[:, -1] < cut) if size < vocab_size else torch.ones_like(cut, dtype=torch.bool)
+    # Rows whose tokens above the min_p / top-k cut are not all candidates renormalise over their full row.
+    outside = (values[:, -1] >= base_cut) & (top_ps < 1.0) if size < vocab_size else torch.zeros_like(top_ps) > 0
+    full_weights = None
+    totals = torch.zeros_like(top_ps)
+    if bool(outside.any()):
+        full_weights = kept_weights(_take(rows_z, outside), row_max[outside], base_cut[outside])
+        totals[outside] = full_weights.sum(1)
+    cut = _top_p_cut_among(values, row_max, base_cut, top_ps, totals, outside)
+    done = (values[:, -1] < cut) if size < vocab_size else torch.ones_like(outside)
     groups = [Candidates(pending[done], token_ids[done], values[done], cut[done])] if bool(done.any()) else []
-    # Not done: top-k's cut is exact whatever the candidates; top-p needs the histogram.
+    # Not done: top-k's cut is exact whatever the candidates; top-p needs the histogram (those rows are outside).
     wide = ~done & (top_ps < 1.0)
     if bool(wide.any()):
-        wide_z = rows_z if bool(wide.all()) else rows_z[wide]
-        cut[wide] = nucleus_cut(wide_z, row_max[pending][wide], base_cut[wide], top_ps[wide])
+        assert full_weights is not None
+        full_weights = _take(full_weights, wide[outside])
+        cut[wide] = nucleus_cut(_take(rows_z, wide), row_max[wide], base_cut[wide], top_ps[wide], full_weights)
     cut[~done & (top_ps >= 1.0)] = base_cut[~done & (top_ps >= 1.0)]
     thresholds[pending] = cut
-    return Filtered(thresholds, groups)
+    return Filtered(thresholds, groups, pending[wide], full_weights) if bool(wide.any()) else \
+        Filtered(thresholds, groups)
+
+
+def _take(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`rows[mask]` without copying when the mask keeps every row."""
+    return rows if bool(mask.all()) else rows[mask]
 
 
 def kept_weights(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
     """exp(z - max) where z >= cut, else 0: unnormalised probabilities of the kept tokens."""
-    weights = torch.exp(rows_z - row_max[:, None])
+    return mask_below(torch.exp(rows_z - row_max[:, None]), rows_z, cut)
+
+
+def mask_below(weights: torch.Tensor, rows_z: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """Zero `weights` (in place) where z < cut."""
     if bool((cut > float("-inf")).any()):
         weights.mul_(rows_z >= cut[:, None])  # in place: multiplying by a bool tensor out of place is far slower
     return weights
@@ -83,23 +105,24 @@ def _top_k_cut(values: torch.Tensor, min_p_cut: torch.Tensor, top_ks: torch.Tens
 
 
 def _top_p_cut_among(values: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, top_ps: torch.Tensor,
-                     rows_z: torch.Tensor, whole_vocab: bool) -> torch.Tensor:
-    """The top-p cut if the nucleus ends among the candidates `values` (largest first); else <= values[:, -1]."""
+                     totals: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """The top-p cut if the nucleus ends among the candidates `values` (largest first); else <= values[:, -1].
+
+    `totals[outside]` is the kept mass of the rows whose kept tokens go beyond the candidates.
+    """
     weights = torch.exp(values - row_max[:, None]) * (values >= cut[:, None])
-    total = weights.sum(1)
-    outside = (values[:, -1] >= cut) & (top_ps < 1.0) if not whole_vocab else torch.zeros_like(top_ps, dtype=bool)
-    if bool(outside.any()):  # kept tokens beyond the candidates: the mass to renormalise by needs the full row
-        rest = rows_z if bool(outside.all()) else rows_z[outside]
-        total[outside] = kept_weights(rest, row_max[outside], cut[outside]).sum(1)
+    total = torch.where(outside, totals, weights.sum(1))
     probs = weights / total[:, None]
     kept = (probs.cumsum(1) - probs < top_ps[:, None]) & (values >= cut[:, None])  # a prefix: both parts are
     last_kept = values.gather(1, (kept.sum(1).clamp(min=1) - 1)[:, None]).squeeze(1)
     return torch.where(top_ps < 1.0, torch.maximum(cut, last_kept), cut)
 
 
-def nucleus_cut(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """The exact top-p cut over the tokens with z >= `cut`, without sorting whole rows."""
-    weights = kept_weights(rows_z, row_max, cut)
+def nucleus_cut(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, top_ps: torch.Tensor,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The exact top-p cut over the tokens with z >= `cut`, without sorting whole rows (`weights`: their
+    `kept_weights`, if already computed)."""
+    weights = kept_weights(rows_z, row_max, cut) if weights is None else weights
     target = top_ps * weights.sum(1)
     buckets = ((row_max[:, None] - rows_z) * BUCKETS_PER_UNIT).clamp_(max=NUM_BUCKETS - 1).long()
     mass = torch.zeros(rows_z.shape[0], NUM_BUCKETS).scatter_add_(1, buckets, weights)

@@ -8,6 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from e2e.engine_runs import run
 from radixlm.engine.llm_engine import build_engine
+from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 
 PROMPT_LENS = [9, 23, 2, 31, 1, 17]
@@ -78,3 +79,17 @@ def test_logprobs_zero_returns_only_the_chosen_token(tiny_model_dir):
     assert [list(p) for p in output.logprobs] == [[t] for t in output.token_ids]
     assert all(p[t].rank == 1 for p, t in zip(output.logprobs, output.token_ids, strict=True))  # greedy
     assert all(p[t].decoded_token is not None for p, t in zip(output.logprobs, output.token_ids, strict=True))
+
+
+def test_prompt_logprobs_are_complete_when_the_prompt_is_cached(tiny_model_dir):
+    engine = build_engine(model=str(tiny_model_dir("qwen2")), num_kv_blocks=64, block_size=4)
+    params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1)
+    prompt = prompts()[3]
+    engine.add_request("a", prompt, params.replace(prompt_logprobs=None))
+    while engine.has_unfinished_requests():
+        engine.step()
+    probe = Request("probe", prompt, SamplingParams())
+    assert engine.scheduler.kv_cache_manager.cached_prefix_length(probe) > 0  # the prompt is in the radix tree
+    again = run(engine, [("b", prompt, params)])["b"].output
+    assert again.prompt_logprobs[0] is None and all(p is not None for p in again.prompt_logprobs[1:])
+    assert len(again.prompt_logprobs) == len(prompt)
