@@ -33,7 +33,7 @@ from radixlm.model.runner import ModelRunner
 from radixlm.request import Request, RequestStatus
 from radixlm.sample.logprobs import TokenLogprobs, prompt_logprobs
 from radixlm.sample.rng import mix_seed
-from radixlm.sample.sampler import Sampler
+from radixlm.sample.sampler import Sampler, SamplerOutput
 from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class LLMEngine:
         logits = result.logits
         if children:
             logits = logits[torch.tensor(list(range(len(parents))) + child_rows)]
-        sampled = self.sampler(logits, parents + children)
+        sampled = self.sampler(logits, parents + children) if parents else SamplerOutput([], [])
         updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
         updated += self._start_children(children, sampled.token_ids[len(parents):])
         token_logprobs = {r.request_id: lp for r, lp in zip(parents + children, sampled.logprobs, strict=True)}

@@ -124,7 +124,9 @@ def nucleus_cut(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, 
     `kept_weights`, if already computed)."""
     weights = kept_weights(rows_z, row_max, cut) if weights is None else weights
     target = top_ps * weights.sum(1)
-    buckets = ((row_max[:, None] - rows_z) * BUCKETS_PER_UNIT).clamp_(max=NUM_BUCKETS - 1).long()
+    # (max - z) * scale in one pass; scaling by a power of two is exact, so the row's max lands in bucket 0.
+    buckets = torch.add(row_max[:, None] * BUCKETS_PER_UNIT, rows_z, alpha=-BUCKETS_PER_UNIT)
+    buckets = buckets.clamp_(max=NUM_BUCKETS - 1).long()
     mass = torch.zeros(rows_z.shape[0], NUM_BUCKETS).scatter_add_(1, buckets, weights)
     mass_above_bucket = mass.cumsum(1) - mass
     crossing = ((mass_above_bucket + mass) < target[:, None]).sum(1).clamp_(max=NUM_BUCKETS - 1)
