@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from radixlm.engine.async_engine import OutputStream
 from radixlm.engine.outputs import CompletionOutput
-from radixlm.server.logprobs import LogprobFormatter
+from radixlm.server.logprobs import OpenAILogprobs
 from radixlm.server.protocol import ChatCompletionRequest
 from radixlm.server.responses import (
     AssistantMessage,
@@ -36,7 +36,7 @@ class ChatCompletions(OpenAIServing):
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id("chatcmpl")
         stream = await self.admit(request_id, [prompt_ids], params, body.priority)
-        formatter = LogprobFormatter(info.tokenizer)
+        formatter = OpenAILogprobs(info.tokenizer)
         top_n = body.top_logprobs or 0
         if body.stream:
             chunks = self._chunks(request_id, body, stream, formatter, top_n)
@@ -44,14 +44,14 @@ class ChatCompletions(OpenAIServing):
         results = await self.collect(raw_request, stream, num_prompts=1)
         return JSONResponse(self._response(request_id, body, results[0], formatter, top_n).model_dump(mode="json"))
 
-    def _logprobs(self, body: ChatCompletionRequest, formatter: LogprobFormatter, token_ids: list[int],
+    def _logprobs(self, body: ChatCompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   logprobs: list | None, top_n: int) -> ChatLogprobs | None:
         if not body.logprobs or logprobs is None:
             return None
         return formatter.chat(token_ids, logprobs, top_n)
 
     def _response(self, request_id: str, body: ChatCompletionRequest, result: PromptResult,
-                  formatter: LogprobFormatter, top_n: int) -> ChatCompletion:
+                  formatter: OpenAILogprobs, top_n: int) -> ChatCompletion:
         choices = [
             ChatChoice(index=index, message=AssistantMessage(content=sequence.text),
                        logprobs=self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, top_n),
@@ -61,7 +61,7 @@ class ChatCompletions(OpenAIServing):
                               usage=usage_of([result]))
 
     async def _chunks(self, request_id: str, body: ChatCompletionRequest, stream: OutputStream,
-                      formatter: LogprobFormatter, top_n: int) -> AsyncIterator[ChatCompletionChunk]:
+                      formatter: OpenAILogprobs, top_n: int) -> AsyncIterator[ChatCompletionChunk]:
         created = int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -80,7 +80,7 @@ class ChatCompletions(OpenAIServing):
             yield chunk([], usage_of([result]))
 
     def _sequence_choices(self, body: ChatCompletionRequest, sequence: CompletionOutput,
-                          formatter: LogprobFormatter, top_n: int) -> list[ChatChunkChoice]:
+                          formatter: OpenAILogprobs, top_n: int) -> list[ChatChunkChoice]:
         """A content delta (if this step added text or tokens with logprobs), then the finish, if finished."""
         choices = []
         logprobs = self._logprobs(body, formatter, sequence.delta_token_ids, sequence.delta_logprobs, top_n)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from radixlm.engine.async_engine import EngineInfo, OutputStream
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
-from radixlm.server.logprobs import LogprobFormatter
+from radixlm.server.logprobs import OpenAILogprobs
 from radixlm.server.protocol import CompletionRequest
 from radixlm.server.responses import Completion, CompletionChoice, CompletionLogprobs
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
@@ -47,7 +47,7 @@ class Completions(OpenAIServing):
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")
         request_id = new_request_id("cmpl")
         stream = await self.admit(request_id, [p.token_ids for p in prompts], params, body.priority)
-        formatter = LogprobFormatter(info.tokenizer)
+        formatter = OpenAILogprobs(info.tokenizer)
         if body.stream:
             return self.sse(self._chunks(request_id, body, prompts, stream, formatter), stream)
         results = await self.collect(raw_request, stream, num_prompts=len(prompts))
@@ -78,13 +78,13 @@ class Completions(OpenAIServing):
             result.append(_Prompt(info.tokenizer.decode(prompt) if body.echo else "", list(prompt)))
         return result
 
-    def _logprobs(self, body: CompletionRequest, formatter: LogprobFormatter, token_ids: list[int],
+    def _logprobs(self, body: CompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   positions: list[PositionLogprobs] | None, text_offset: int) -> CompletionLogprobs | None:
         if body.logprobs is None:
             return None
         return formatter.completion(token_ids, positions or [{}] * len(token_ids), body.logprobs, text_offset)
 
-    def _echo_logprobs(self, body: CompletionRequest, formatter: LogprobFormatter, prompt: _Prompt,
+    def _echo_logprobs(self, body: CompletionRequest, formatter: OpenAILogprobs, prompt: _Prompt,
                        prompt_logprobs: list[PositionLogprobs | None] | None) -> CompletionLogprobs | None:
         if body.logprobs is None or not body.echo:
             return None
@@ -92,7 +92,7 @@ class Completions(OpenAIServing):
         return formatter.completion(prompt.token_ids, positions, body.logprobs, 0)
 
     def _choice(self, body: CompletionRequest, prompt: _Prompt, prompt_logprobs: list | None,
-                sequence: CompletionOutput, formatter: LogprobFormatter) -> CompletionChoice:
+                sequence: CompletionOutput, formatter: OpenAILogprobs) -> CompletionChoice:
         echo = prompt.text if body.echo else ""
         logprobs = self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, len(echo))
         echo_logprobs = self._echo_logprobs(body, formatter, prompt, prompt_logprobs)
@@ -102,7 +102,7 @@ class Completions(OpenAIServing):
                                 finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
 
     async def _chunks(self, request_id: str, body: CompletionRequest, prompts: list[_Prompt],
-                      stream: OutputStream, formatter: LogprobFormatter) -> AsyncIterator[Completion]:
+                      stream: OutputStream, formatter: OpenAILogprobs) -> AsyncIterator[Completion]:
         created = int(time.time())
         results = [PromptResult() for _ in prompts]
         text_offsets: dict[int, int] = {}  # choice index -> characters sent so far

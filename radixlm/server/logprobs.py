@@ -16,8 +16,8 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else _MIN_LOGPROB
 
 
-class LogprobFormatter:
-    """Turns token ids + engine logprobs into API objects; token text comes from the engine or the tokenizer."""
+class OpenAILogprobs:
+    """Engine logprobs -> OpenAI objects; token text comes from the engine (`decoded_token`) or the tokenizer."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
