@@ -97,3 +97,18 @@ def test_llm_generate_returns_all_n_completions(model):
                            use_tqdm=False)
     assert [[c.index for c in o.outputs] for o in outputs] == [[0, 1, 2], [0, 1, 2]]
     assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for o in outputs for c in o.outputs)
+
+
+def test_fork_without_a_spare_block_recomputes_the_partial_block(model):
+    """The prompt fills the whole pool: the child shares the full blocks and recomputes the partial one."""
+    params = PARAMS.replace(n=2, max_tokens=2)
+    engine = build_engine(model=model, num_kv_blocks=3, block_size=4, enable_prefix_caching=False)
+    engine.add_request("r", PROMPT, params)
+    engine.step()
+    child = engine.scheduler.requests["r#1"]
+    assert engine._pending_block_copies == [] and len(child.block_table) == 2
+    assert child.num_computed_tokens == 8 and child.num_uncomputed_tokens == 3
+    forked = drain(engine)["r"]
+    alone = build_engine(model=model, num_kv_blocks=3, block_size=4, enable_prefix_caching=False)
+    singles = run(alone, [(f"s{i}", PROMPT, params.replace(n=1, seed=params.seed + i)) for i in range(2)])
+    assert [forked.token_ids(i) for i in range(2)] == [singles[f"s{i}"].token_ids() for i in range(2)]
