@@ -107,3 +107,8 @@ def test_a_sequence_ending_inside_a_character_shows_what_a_full_decode_shows(tok
     deltas.append(stream.take_delta(finished=True))
     assert "".join(deltas) == stream.text == tokenizer.decode(token_ids)
     assert stream.text.endswith("\ufffd")
+
+
+def test_stop_strings_need_detokenized_text():
+    with pytest.raises(ValueError, match="stop needs detokenize=True"):
+        SamplingParams(stop=["x"], detokenize=False)
