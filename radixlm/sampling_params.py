@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
+from radixlm.structured.spec import GrammarSpec
+
 MAX_LOGPROBS = 20
 
 
@@ -49,9 +51,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
+    structured_outputs: GrammarSpec | Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
+        self._normalize_structured()
         self._check_counts()
         self._check_floats()
         self._check_lists()
@@ -120,6 +124,14 @@ class SamplingParams:
             if not _is_number(bias) or not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for {token_id}")
 
+    def _normalize_structured(self) -> None:
+        value = self.structured_outputs
+        if value is None or isinstance(value, GrammarSpec):
+            return
+        if not isinstance(value, Mapping):
+            raise ValueError(f"structured_outputs must be a GrammarSpec or a mapping, got {type(value).__name__}")
+        self._set("structured_outputs", structured_spec(value))
+
     def _check_lists(self) -> None:
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
@@ -176,3 +188,26 @@ def _require_float(name: str, value: object, low: float, high: float | None = No
         if high is not None:
             allowed = f"in {left}{low}, {high}]"
         raise ValueError(f"{name} must be a finite number {allowed}{note}, got {value!r}")
+
+
+_STRUCTURED_KEYS = {"json": GrammarSpec.from_json_schema, "regex": GrammarSpec.from_regex,
+                    "choice": GrammarSpec.from_choice, "grammar": GrammarSpec.from_ebnf}
+
+
+def structured_spec(options: Mapping[str, object]) -> GrammarSpec:
+    """vLLM-style structured output options -> GrammarSpec: exactly one of `json` (a schema), `regex`, `choice`
+    (a list of strings), `grammar` (EBNF) or `json_object: true`."""
+    chosen = {key: value for key, value in options.items() if value not in (None, False)}
+    unknown = set(chosen) - {*_STRUCTURED_KEYS, "json_object"}
+    if unknown:
+        raise ValueError(f"structured_outputs: unknown option {sorted(unknown)[0]!r}; use one of "
+                         f"json, regex, choice, grammar, json_object")
+    if len(chosen) != 1:
+        raise ValueError(f"structured_outputs must set exactly one constraint, got {sorted(chosen) or 'none'}")
+    key, value = next(iter(chosen.items()))
+    if key == "json_object":
+        return GrammarSpec.json_object()
+    try:
+        return _STRUCTURED_KEYS[key](value)  # type: ignore[arg-type]
+    except ValueError as error:
+        raise ValueError(f"structured_outputs: {error}") from None

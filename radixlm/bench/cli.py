@@ -50,6 +50,13 @@ def _cmd_sampler(args: argparse.Namespace) -> None:
     bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
 
 
+def _cmd_structured(args: argparse.Namespace) -> None:
+    from radixlm.bench.structured import bench_structured
+    from radixlm.cli import engine_kwargs
+
+    bench_structured(engine_kwargs(args), args.num_requests, args.num_tokens, args.repeats)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -70,6 +77,13 @@ def add_bench_commands(commands: Any) -> None:
     prefix.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
     add_engine_args(prefix)
     prefix.set_defaults(handler=_cmd_prefix)
+
+    structured = kinds.add_parser("structured", help="decode step time, grammar-constrained vs unconstrained")
+    structured.add_argument("--num-requests", type=int, default=32)
+    structured.add_argument("--num-tokens", type=int, default=64)
+    structured.add_argument("--repeats", type=int, default=2)
+    add_engine_args(structured)
+    structured.set_defaults(handler=_cmd_structured)
 
     sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
     sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")

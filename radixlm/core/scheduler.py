@@ -40,6 +40,12 @@ class Scheduler:
     # -- admission ---------------------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         """Queue a request; raises ValueError if it can never fit, QueueFullError if the queue is full."""
+        self.check_admissible(request)
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def check_admissible(self, request: Request) -> None:
+        """Raise what `add_request` would raise for this request now, without queueing it."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         if request.num_tokens >= self.max_model_len:
@@ -49,8 +55,6 @@ class Scheduler:
         limit = self.config.max_queued_requests
         if limit is not None and len(self.waiting) >= limit:
             raise QueueFullError(f"{len(self.waiting)} requests are waiting (max_queued_requests={limit})")
-        self.requests[request.request_id] = request
-        self.waiting.add(request)
 
     def abort(self, request_id: str) -> bool:
         """Abort a waiting, running or preempted request and free its blocks; False if it is not live."""

@@ -30,6 +30,7 @@ from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.outputs import RequestOutput
 from radixlm.metrics import EngineMetrics, SchedulerStats
 from radixlm.sampling_params import SamplingParams
+from radixlm.structured.manager import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     schedule_policy: str
+    structured: StructuredOutputs  # thread-safe: the server compiles grammars through it before admission
 
 
 def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
@@ -191,7 +193,8 @@ class AsyncEngine:
             engine = self._engine_factory()
             self.info = EngineInfo(tokenizer=copy.deepcopy(engine.tokenizer), max_model_len=engine.max_model_len,
                                    vocab_size=engine.runner.shape.vocab_size,
-                                   schedule_policy=engine.config.scheduler.schedule_policy)
+                                   schedule_policy=engine.config.scheduler.schedule_policy,
+                                   structured=engine.structured)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
             while self._run_once(engine):

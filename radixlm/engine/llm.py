@@ -40,6 +40,8 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
+        for spec in {params.structured_outputs for params in params_list} - {None}:
+            self.engine.structured.submit(spec).result()  # a bad grammar raises ValueError before anything runs
         request_ids = []
         for prompt, params in zip(prompt_list, params_list, strict=True):
             request_id = str(self._next_id)

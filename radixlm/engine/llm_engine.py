@@ -24,17 +24,20 @@ from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler, check_token_stop
+from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.prompt_logprobs import prompt_logits_positions, record_prompt_logprobs
 from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
 from radixlm.engine.text_stream import TextStream
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
 from radixlm.request import Request, RequestStatus
-from radixlm.sample.logprobs import TokenLogprobs, prompt_logprobs
+from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sample.rng import mix_seed
 from radixlm.sample.sampler import Sampler, SamplerOutput
 from radixlm.sampling_params import SamplingParams
+from radixlm.structured.manager import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ class LLMEngine:
         self.eos_token_ids = self._eos_token_ids()
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
+        self.structured = StructuredOutputs(self.tokenizer, self.runner.shape.vocab_size, sorted(self.eos_token_ids))
+        self.grammars = GrammarTracker(self.structured)
         self._arrival_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}
         self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
@@ -119,10 +124,12 @@ class LLMEngine:
                               sampling_seed=seed + index)
             sequences.append(Sequence(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
                                       [] if params.logprobs is not None else None))
-        self.scheduler.add_request(sequences[0].request)
         group = SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
                               sequences, unforked=sequences[1:],
                               prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+        self.scheduler.check_admissible(sequences[0].request)
+        if params.structured_outputs is None or self.grammars.submit(group):
+            self.scheduler.add_request(sequences[0].request)
         self._groups[request_id] = group
         for sequence in sequences:
             self._sequences[sequence.request.request_id] = (group, sequence)
@@ -149,6 +156,7 @@ class LLMEngine:
         return bool(self._groups)
 
     def _forget(self, group: SequenceGroup) -> None:
+        self.grammars.forget(group)
         del self._groups[group.request_id]
         for sequence in group.sequences:
             del self._sequences[sequence.request.request_id]
@@ -156,22 +164,29 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns an output for every request that has news (see `engine/outputs.py`)."""
+        failed = self._admit_compiled_grammars()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
-            return []
+            if self.grammars.has_waiting:
+                self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
+            return failed
         scheduler_output.block_copies.extend(self._pending_block_copies)
         self._pending_block_copies = []
-        positions = self._prompt_logits_positions(scheduler_output)
+        positions = prompt_logits_positions(scheduler_output, self._sequences)
         result = self.runner.execute(scheduler_output, positions)
-        self._record_prompt_logprobs(result.prompt_logits, positions)
+        record_prompt_logprobs(result.prompt_logits, positions, self._sequences, self.logprob_formatter)
         parents = [self.scheduler.requests[rid] for rid in scheduler_output.sampling_request_ids]
         children, child_rows = self._fork_children(scheduler_output)
         logits = result.logits
         if children:
             logits = logits[torch.tensor(list(range(len(parents))) + child_rows)]
-        sampled = self.sampler(logits, parents + children) if parents else SamplerOutput([], [])
+        rows = parents + children
+        sampled = self.sampler(logits, rows, self.grammars.mask_function(rows)) if parents else SamplerOutput([], [])
         updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
         updated += self._start_children(children, sampled.token_ids[len(parents):])
+        for request in updated:
+            if self.grammars.accept(request) and not request.is_finished:
+                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
         token_logprobs = {r.request_id: lp for r, lp in zip(parents + children, sampled.logprobs, strict=True)}
         touched: dict[str, SequenceGroup] = {}
         for request in updated:
@@ -179,7 +194,25 @@ class LLMEngine:
             self._record_token(sequence, token_logprobs[request.request_id])
             group.changed.add(sequence.index)
             touched[group.request_id] = group
-        return self._outputs(touched.values())
+        return failed + self._outputs(touched.values())
+
+    def _admit_compiled_grammars(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar compiled since the last step; end those whose grammar failed."""
+        if not self.grammars.has_waiting:
+            return []
+        ready, failed = self.grammars.take_compiled()
+        for group in ready:
+            self.scheduler.add_request(group.first.request)
+        outputs = []
+        for group, error in failed:
+            logger.warning("request %s: %s", group.request_id, error)
+            for sequence in group.sequences:
+                sequence.request.transition(RequestStatus.FINISHED_ABORTED)
+                sequence.finish_reason, sequence.stop_reason = "abort", str(error)
+                group.changed.add(sequence.index)
+            group.unforked = []
+            outputs += self._outputs([group])
+        return outputs
 
     def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
         """Start the unforked sequences of groups whose first sequence samples its first token in this step."""
@@ -237,38 +270,6 @@ class LLMEngine:
             if group.finished:
                 self._forget(group)
         return outputs
-
-    # -- prompt logprobs ---------------------------------------------------------------------------------------
-    def _prompt_logits_positions(self, scheduler_output: SchedulerOutput) -> dict[str, tuple[int, int]]:
-        """Positions whose logits give prompt logprobs not computed yet: prompt token j comes from position j - 1.
-
-        A recomputed (preempted) prompt skips the positions already done, so none is reported twice.
-        """
-        positions = {}
-        for chunk in scheduler_output.chunks:
-            group, sequence = self._sequences[chunk.request_id]
-            if sequence.index != 0 or group.prompt_logprobs_done:
-                continue
-            assert group.prompt_logprobs is not None
-            first = len(group.prompt_logprobs) - 1
-            if chunk.start_position > first:  # positions reused from the prefix cache have no logits
-                logger.warning("request %s: prompt positions %d..%d came from the prefix cache; their prompt "
-                               "logprobs are None", group.request_id, first, chunk.start_position - 1)
-                group.prompt_logprobs += [None] * (chunk.start_position - first)
-                first = chunk.start_position
-            end = min(chunk.context_len, len(group.prompt_token_ids) - 1)
-            if first < end:
-                positions[chunk.request_id] = (first, end)
-        return positions
-
-    def _record_prompt_logprobs(self, prompt_logits: dict[str, torch.Tensor],
-                                positions: dict[str, tuple[int, int]]) -> None:
-        for request_id, (first, end) in positions.items():
-            group, _ = self._sequences[request_id]
-            assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
-            entries = prompt_logprobs(prompt_logits[request_id], group.prompt_token_ids[first + 1:end + 1],
-                                      group.params.prompt_logprobs)
-            group.prompt_logprobs += [self.logprob_formatter.position(entry) for entry in entries]
 
     # -- stats -------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -10,7 +10,7 @@ Order of the transforms (fixed; each stage sees the output of the one before):
  7. min_p, 8. top-k, 9. top-p: one keep-threshold per row (`filters.py`)
 10. draw: inverse CDF of softmax(z) over the kept tokens, in token-id order, with u = uniform number
     `num_output_tokens` of the sequence's stream (`draw.py`, `rng.py`).
-(Grammar masks, when they come, go between 3 and 4.)
+ 3b. grammar masks: tokens a constrained row's grammar does not allow next get -inf (`radixlm/structured/`)
 
 All stages run as tensor ops over the rows they concern; the per-row parameter tensors (`SamplingBatch`) are
 rebuilt only when the rows change, and penalty statistics are carried from step to step (`PenaltyStats`).
@@ -18,6 +18,7 @@ rebuilt only when the rows change, and penalty statistics are carried from step 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,14 +49,16 @@ class Sampler:
         self._batch_requests: list[Request] = []  # held so that their id()s stay unique
 
     @torch.inference_mode()  # the runner's logits are inference tensors, and nothing here needs autograd
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, requests: list[Request],
+                 grammar_mask: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
+        """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b)."""
         batch = self._batch_for(requests)
         raw_logprobs = None
         if len(batch.logprob_rows):
             raw = logits if len(batch.logprob_rows) == batch.num_rows else logits[batch.logprob_rows]
             raw_logprobs = torch.log_softmax(raw, dim=1)  # a new tensor: the logits are changed in place below
         num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
-        self._adjust_logits(logits, batch, requests, num_outputs)
+        self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):
             token_ids[batch.greedy_rows] = logits[batch.greedy_rows].argmax(1)
@@ -78,13 +81,15 @@ class Sampler:
         return self._batch
 
     def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[Request],
-                       num_outputs: torch.Tensor) -> None:
-        """Stages 2-5: logit_bias, min_tokens bans, penalties."""
+                       num_outputs: torch.Tensor, grammar_mask: Callable[[torch.Tensor], None] | None) -> None:
+        """Stages 2-5: logit_bias, min_tokens bans, grammar masks, penalties."""
         if len(batch.bias_rows):
             logits.index_put_((batch.bias_rows, batch.bias_token_ids), batch.bias_values, accumulate=True)
         if len(batch.ban_rows):
             active = num_outputs[batch.ban_rows] < batch.ban_min_tokens
             logits[batch.ban_rows[active], batch.ban_token_ids[active]] = float("-inf")
+        if grammar_mask is not None:
+            grammar_mask(logits)
         penalty_requests = [requests[row] for row in batch.penalty_rows.tolist()]
         if penalty_requests or self.penalty_stats.output_counts.shape[0]:
             self.penalty_stats.update(penalty_requests)

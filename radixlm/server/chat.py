@@ -31,7 +31,7 @@ class ChatCompletions(OpenAIServing):
     async def create(self, body: ChatCompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
-        params = self.sampling_params(body)
+        params = await self.sampling_params(body, info)
         prompt_ids = chat_prompt_ids(info, body.messages, body.add_generation_prompt)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id("chatcmpl")

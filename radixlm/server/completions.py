@@ -41,7 +41,7 @@ class Completions(OpenAIServing):
     async def create(self, body: CompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
-        params = self.sampling_params(body)
+        params = await self.sampling_params(body, info)
         prompts = self._prompts(body, info)
         for prompt in prompts:
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")

@@ -1,8 +1,9 @@
 """OpenAI request bodies as pydantic models, and their mapping onto SamplingParams.
 
-Unknown fields are ignored, as OpenAI does. Fields we know but cannot honour yet (tools, response_format, ...) are
-declared so that `unsupported_field()` can name them: a request that sets one to anything but its neutral value
-is refused with 400 rather than silently half-served. Value ranges are checked once, by SamplingParams.
+Unknown fields are ignored, as OpenAI does. Fields we know but cannot honour yet (tools, ...) are declared so that
+`unsupported_field()` can name them: a request that sets one to anything but its neutral value is refused with 400
+rather than silently half-served. Value ranges are checked once, by SamplingParams. Structured-output fields
+(response_format, regex, ebnf, choice, ...) map onto one GrammarSpec (`server/structured.py`).
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
+from radixlm.structured.spec import GrammarSpec
 
 
 def _is_off(value: Any) -> bool:
     return value is None or value is False or value == [] or value == {}
-
-
-_GRAMMAR_FIELDS: dict[str, Callable[[Any], bool]] = {
-    name: _is_off for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                               "structured_outputs")}
-_GRAMMAR_FIELDS["response_format"] = lambda v: _is_off(v) or (isinstance(v, dict) and v.get("type") == "text")
 
 
 class StreamOptions(BaseModel):
@@ -34,7 +31,7 @@ class SamplingRequest(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model_config = ConfigDict(extra="ignore")
-    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = _GRAMMAR_FIELDS
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
 
     model: str | None = None
     max_tokens: int | None = None
@@ -60,8 +57,12 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = 0
-    # Known, not honoured yet: refused unless neutral (see unsupported_field).
+    # Structured outputs: at most one of these (see server/structured.py).
     response_format: Any = None
+    regex: Any = None
+    ebnf: Any = None
+    choice: Any = None
+    json_schema: Any = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -91,9 +92,14 @@ class SamplingRequest(BaseModel):
         values = {name: value for name, value in values.items() if value is not None}
         return values | {"max_tokens": self.requested_max_tokens()}  # None: up to the model's context
 
+    def grammar(self) -> tuple[GrammarSpec | None, str | None]:
+        """The structured-output constraint and the field that set it; ValueError names a bad field."""
+        return grammar_from_fields({name: getattr(self, name) for name in GRAMMAR_FIELDS})
+
     def to_sampling_params(self, **overrides: Any) -> SamplingParams:
         """Raises ValueError naming the offending field (SamplingParams validates every value)."""
-        return SamplingParams(**(self.sampling_values() | overrides))
+        spec, _ = self.grammar()
+        return SamplingParams(**(self.sampling_values() | {"structured_outputs": spec} | overrides))
 
     @property
     def include_usage(self) -> bool:
@@ -115,7 +121,6 @@ class ChatMessage(BaseModel):
 
 
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    **_GRAMMAR_FIELDS,
     "tools": _is_off,
     "tool_choice": lambda v: v is None or v == "none",
     "functions": _is_off,
@@ -159,7 +164,7 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {**_GRAMMAR_FIELDS, "suffix": _is_off}
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {"suffix": _is_off}
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions

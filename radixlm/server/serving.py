@@ -119,12 +119,20 @@ class OpenAIServing:
                 raise APIError(400, f"{name} holds token id {out_of_range[0]}, outside the vocabulary "
                                     f"[0, {info.vocab_size})", param=name)
 
-    def sampling_params(self, body: SamplingRequest) -> SamplingParams:
+    async def sampling_params(self, body: SamplingRequest, info: EngineInfo) -> SamplingParams:
+        """The request's SamplingParams, its grammar (if any) already compiled: a bad one is a 400 naming it."""
         try:
-            return body.to_sampling_params()
+            params = body.to_sampling_params()
         except ValueError as error:
-            name = str(error).split(" ", 1)[0]
+            name = str(error).split(" ", 1)[0].rstrip(":")
             raise APIError(400, str(error), param=name if name in type(body).model_fields else None) from None
+        if params.structured_outputs is not None:
+            _, field = body.grammar()
+            try:  # on the compile thread; the engine will find it in the compile cache
+                await asyncio.wrap_future(info.structured.submit(params.structured_outputs))  # type: ignore
+            except ValueError as error:
+                raise APIError(400, f"{field}: {error}", param=field) from None
+        return params
 
     @staticmethod
     def check_length(prompt_ids: list[int], max_tokens: int | None, info: EngineInfo, param: str) -> None:

@@ -37,7 +37,9 @@ class GrammarBackend(Protocol):
 
     def new_matcher(self, compiled: object) -> GrammarMatcher: ...
 
-    def allocate_bitmask(self, num_rows: int) -> torch.Tensor: ...
+    def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
+        """A bitmask with one row per logits row (row r masks logits row r)."""
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-        """Set the disallowed tokens of `logits[rows[i]]` to -inf using `bitmask[i]`, in place."""
+        """For each r in `rows`, set the tokens `bitmask[r]` disallows in `logits[r]` to -inf, in place; other rows
+        are untouched."""

@@ -53,10 +53,11 @@ class XGrammarBackend:
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
+            # No free whitespace between JSON tokens: a weak model can otherwise emit blanks until max_tokens.
             if spec.kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
+                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if spec.kind == "json_schema":
-                return self._compiler.compile_json_schema(spec.text, strict_mode=True)
+                return self._compiler.compile_json_schema(spec.text, any_whitespace=False, strict_mode=True)
             if spec.kind == "regex":
                 return self._compiler.compile_regex(spec.text)
             if spec.kind == "choice":
@@ -72,8 +73,7 @@ class XGrammarBackend:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
-        xgr.apply_token_bitmask_inplace(logits, bitmask[:len(rows)] if len(rows) < len(bitmask) else bitmask,
-                                        indices=rows)
+        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
 
 
 def _first_line(error: Exception) -> str:

@@ -1,0 +1,49 @@
+"""Prompt logprobs: which prompt positions need logits this step, and recording their logprobs on the group."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.sequence_group import Sequence, SequenceGroup
+from radixlm.sample.logprobs import prompt_logprobs
+
+logger = logging.getLogger(__name__)
+
+SequenceIndex = dict[str, tuple[SequenceGroup, Sequence]]  # scheduler request id -> its group and sequence
+
+
+def prompt_logits_positions(scheduler_output: SchedulerOutput, sequences: SequenceIndex) -> dict[str, tuple[int, int]]:
+    """Positions `(first, end)` per request whose logits give prompt logprobs not computed yet (prompt token j comes
+    from position j - 1). A recomputed (preempted) prompt skips the positions already done, so none is reported
+    twice."""
+    positions = {}
+    for chunk in scheduler_output.chunks:
+        group, sequence = sequences[chunk.request_id]
+        if sequence.index != 0 or group.prompt_logprobs_done:
+            continue
+        assert group.prompt_logprobs is not None
+        first = len(group.prompt_logprobs) - 1
+        if chunk.start_position > first:  # positions reused from the prefix cache have no logits
+            logger.warning("request %s: prompt positions %d..%d came from the prefix cache; their prompt "
+                           "logprobs are None", group.request_id, first, chunk.start_position - 1)
+            group.prompt_logprobs += [None] * (chunk.start_position - first)
+            first = chunk.start_position
+        end = min(chunk.context_len, len(group.prompt_token_ids) - 1)
+        if first < end:
+            positions[chunk.request_id] = (first, end)
+    return positions
+
+
+def record_prompt_logprobs(prompt_logits: dict[str, torch.Tensor], positions: dict[str, tuple[int, int]],
+                           sequences: SequenceIndex, formatter: LogprobFormatter) -> None:
+    """Append the logprobs of the positions computed this step to each group's `prompt_logprobs`."""
+    for request_id, (first, end) in positions.items():
+        group, _ = sequences[request_id]
+        assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
+        entries = prompt_logprobs(prompt_logits[request_id], group.prompt_token_ids[first + 1:end + 1],
+                                  group.params.prompt_logprobs)
+        group.prompt_logprobs += [formatter.position(entry) for entry in entries]
