@@ -14,6 +14,8 @@ BAD_VALUES = [
     ("prompt_logprobs", 100), ("seed", 1.5), ("stop", [""]), ("stop", [3]), ("stop_token_ids", [-1]),
     ("stop_token_ids", ["a"]), ("logit_bias", {5: 200.0}), ("logit_bias", {"x": 1.0}), ("logit_bias", {-3: 1.0}),
     ("ignore_eos", "yes"), ("max_tokens", True),
+    ("structured_outputs", 5), ("structured_outputs", {"regex": "a+", "choice": ["b"]}),
+    ("structured_outputs", {"json": "{oops"}), ("structured_outputs", {"xml": "<a/>"}),
 ]
 
 
