@@ -70,7 +70,9 @@ def _cmd_serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING", help="logging level (INFO shows the KV cache size)")
+    parser.add_argument("--log-level", default="INFO",
+                        help="radixlm's logging level (INFO shows the KV cache size and token capacity at start-up); "
+                             "other libraries log warnings only")
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="print the completion of one prompt")
@@ -99,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("radixlm").setLevel(args.log_level.upper())
     try:
         args.handler(args)
     except (FileNotFoundError, ValueError) as error:

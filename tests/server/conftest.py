@@ -19,6 +19,17 @@ def tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def client(tiny_server):
+    """The official openai client on this module's tiny server."""
+    return tiny_server.client()
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
 @pytest.fixture(scope="session")
 def long_model_dir(tmp_path_factory):
     """The tiny Llama with a 4096-token context: a long generation outlasts a disconnect or a shutdown."""

@@ -13,16 +13,6 @@ MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "c
 GREEDY = dict(temperature=0, max_tokens=12)
 
 
-@pytest.fixture(scope="module")
-def client(tiny_server):
-    return tiny_server.client()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def stream_chat(client, **kwargs):
     """Concatenate a chat stream per choice index; returns ({index: text}, {index: finish_reason}, chunks)."""
     chunks = list(client.chat.completions.create(stream=True, **kwargs))

@@ -14,16 +14,6 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 
 MESSAGES = [{"role": "user", "content": "the quick brown fox"}]
 
 
-@pytest.fixture(scope="module")
-def client(tiny_server):
-    return tiny_server.client()
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def test_json_schema_and_json_object(client, model):
     response = client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=40, temperature=0,
