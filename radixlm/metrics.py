@@ -30,6 +30,8 @@ class SchedulerStats:
     kv_cache_usage: float  # fraction of KV blocks held by live requests, 0..1
     prefix_cache_usage: float  # fraction held only by the prefix cache (evictable), 0..1
     num_preemptions: int  # cumulative
+    prefix_cache_hit_rate: float = 0.0  # cached / looked-up prompt tokens since start, 0..1
+    num_evicted_blocks: int = 0  # cumulative
 
 
 class EngineMetrics:
@@ -65,12 +67,16 @@ class EngineMetrics:
         self.generation_tokens = counter("radixlm:generation_tokens", "Generated tokens.")
         self.cached_tokens = counter("radixlm:prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache.")
         self.preemptions = counter("radixlm:num_preemptions", "Requests preempted (recompute).")
+        self.prefix_cache_hit_rate = gauge("radixlm:prefix_cache_hit_rate",
+                                           "Prompt tokens found in the prefix cache / prompt tokens looked up.")
+        self.evicted_blocks = counter("radixlm:prefix_cache_evicted_blocks", "KV blocks evicted from the radix tree.")
         self.requests_finished = Counter("radixlm:request_finished", "Finished requests by reason "
                                          "(stop, length, abort, error).", labelnames=[*labels, "finished_reason"],
                                          registry=self.registry)
         self._model_name = model_name
         self._last_token_time: dict[str, float] = {}
         self._num_preemptions_seen = 0
+        self._num_evicted_seen = 0
 
     def observe_outputs(self, outputs: Iterable[RequestOutput], now: float) -> None:
         """Record one step's outputs (engine thread). `now` is the step's time.monotonic()."""
@@ -106,6 +112,10 @@ class EngineMetrics:
         if stats.num_preemptions > self._num_preemptions_seen:
             self.preemptions.inc(stats.num_preemptions - self._num_preemptions_seen)
         self._num_preemptions_seen = stats.num_preemptions
+        self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
+        if stats.num_evicted_blocks > self._num_evicted_seen:
+            self.evicted_blocks.inc(stats.num_evicted_blocks - self._num_evicted_seen)
+        self._num_evicted_seen = stats.num_evicted_blocks
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

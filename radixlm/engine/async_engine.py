@@ -54,12 +54,14 @@ def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
     """Read by the engine thread between steps. KV usage counts the blocks live requests hold; blocks that only
     the radix tree holds are evictable, so they count as cached rather than used (as vLLM and SGLang report)."""
     scheduler = engine.scheduler
-    pool = scheduler.kv_cache_manager.block_pool
+    manager = scheduler.kv_cache_manager
+    pool = manager.block_pool
     held = len({block_id for request in scheduler.running for block_id in request.block_table})
     return SchedulerStats(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
                           kv_cache_usage=held / pool.num_blocks,
                           prefix_cache_usage=(pool.num_used_blocks - held) / pool.num_blocks,
-                          num_preemptions=scheduler.num_preemptions)
+                          num_preemptions=scheduler.num_preemptions, prefix_cache_hit_rate=manager.stats.hit_rate,
+                          num_evicted_blocks=manager.num_evicted_blocks)
 
 
 class OutputStream:

@@ -172,6 +172,11 @@ def test_metrics_counters_move(tiny_server, client, model):
     assert delta("radixlm:inter_token_latency_seconds_count{}") == 4
     assert after["radixlm:num_requests_running{}"] == 0 and after["radixlm:kv_cache_usage_perc{}"] == 0
     assert "radixlm:num_preemptions_total{}" in after and "radixlm:num_requests_waiting{}" in after
+    again = client.completions.create(model=model, prompt="import torch", temperature=0, max_tokens=5)
+    last = tiny_server.metrics()
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert 0 < last["radixlm:prefix_cache_hit_rate{}"] <= 1
+    assert "radixlm:prefix_cache_evicted_blocks_total{}" in last
 
 
 def test_tokenize_detokenize_and_chat_parts(tiny_server, client, model):
