@@ -3,7 +3,8 @@
 Each step fills a token budget: first one token for every running request that is decoding, then prefill chunks
 for running requests that are part-way through their prompt, then new chunks for waiting requests. When blocks
 run out it preempts by recompute: the victim (lowest priority, then latest arrival) frees its blocks, forgets its
-computed tokens, keeps its generated ones and goes back to the waiting queue.
+computed tokens, keeps its generated ones and goes back to the waiting queue. Under the priority policy a waiting
+request also preempts running ones of strictly lower priority when blocks or `max_num_seqs` run out.
 """
 
 from __future__ import annotations
@@ -126,8 +127,13 @@ class Scheduler:
         in_flight = [InFlightPrefill(self.requests[c.request_id].all_token_ids, c.start_position, c.context_len)
                      for c in scheduled.values() if c.num_tokens > 1]
         for request in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget == 0:
                 break
+            if len(self.running) >= self.config.max_num_seqs:
+                freed = self._preempt_lower_priority(request, scheduled, output)
+                if freed is None:
+                    break
+                budget += freed
             # Prompt logprobs need the logits of every prompt position: until its first token such a request
             # computes its whole prompt (as vLLM does), since cached positions have no logits.
             reuse_cache = request.sampling_params.prompt_logprobs is None or request.num_output_tokens > 0
@@ -137,7 +143,11 @@ class Scheduler:
                     duplicates_in_flight_prefill(request, num_cached, in_flight):
                 continue  # next step its prefix is in the tree
             num_new = min(request.num_tokens - num_cached, budget)
-            if not kv.allocate_with_prefix(request, match, num_new, output.block_copies):
+            admitted = kv.allocate_with_prefix(request, match, num_new, output.block_copies)
+            while not admitted and (freed := self._preempt_lower_priority(request, scheduled, output)) is not None:
+                budget += freed
+                admitted = kv.allocate_with_prefix(request, match, num_new, output.block_copies)
+            if not admitted:
                 break
             first_admission = request.times.first_scheduled is None
             self.waiting.remove(request)
@@ -150,6 +160,20 @@ class Scheduler:
             budget -= num_new
             if num_new > 1:
                 in_flight.append(InFlightPrefill(request.all_token_ids, chunk.start_position, chunk.context_len))
+
+    def _preempt_lower_priority(self, request: Request, scheduled: dict[str, ScheduledChunk],
+                                output: SchedulerOutput) -> int | None:
+        """Priority policy: make room for `request` by preempting the lowest-priority running request, if that one
+        ranks strictly below it. Returns the budget the victim's chunk gives back, or None if nobody ranks below."""
+        if self.config.schedule_policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=lambda r: (r.priority, r.arrival_order))
+        if victim.priority <= request.priority:
+            return None
+        self._preempt(victim)
+        output.preempted_request_ids.append(victim.request_id)
+        chunk = scheduled.pop(victim.request_id, None)
+        return chunk.num_tokens if chunk else 0
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -178,3 +178,28 @@ def test_priority_policy_orders_waiting_requests():
     scheduler.add_request(make_request("normal", 3, priority=0, order=0))
     scheduler.add_request(make_request("early-important", 3, priority=-1, order=0 - 1))
     assert [r.request_id for r in scheduler.waiting] == ["early-important", "late-important", "normal"]
+
+
+def test_priority_policy_lets_an_urgent_request_preempt_a_lower_priority_one():
+    scheduler = make_scheduler(num_blocks=8, block_size=4, max_model_len=32, schedule_policy="priority")
+    low = make_request("low", 28, max_tokens=4, priority=5, order=0)
+    scheduler.add_request(low)
+    step(scheduler)  # 7 blocks; its first decode takes the 8th
+    urgent = make_request("urgent", 8, max_tokens=2, priority=0, order=1)
+    same = make_request("same", 8, max_tokens=2, priority=5, order=2)  # equal priority never preempts
+    scheduler.add_request(urgent)
+    output = step(scheduler)
+    assert output.preempted_request_ids == ["low"] and chunk_sizes(output) == {"urgent": 8}
+    scheduler.add_request(same)
+    run_to_completion(scheduler)
+    assert low.num_preemptions == 1 and same.num_preemptions == 0
+    assert low.status is RequestStatus.FINISHED_LENGTH and low.num_output_tokens == 4
+
+
+def test_priority_preemption_when_max_num_seqs_is_reached():
+    scheduler = make_scheduler(max_num_seqs=1, schedule_policy="priority")
+    scheduler.add_request(make_request("low", 3, max_tokens=10, priority=1, order=0))
+    step(scheduler)
+    scheduler.add_request(make_request("high", 3, priority=0, order=1))
+    output = step(scheduler)
+    assert output.preempted_request_ids == ["low"] and set(chunk_sizes(output)) == {"high"}
