@@ -26,7 +26,7 @@ def all_transforms(seed: int, eos_token_id: int) -> SamplingParams:
     return SamplingParams(temperature=0.8, min_p=0.02, top_k=50, top_p=0.9, repetition_penalty=1.1,
                           frequency_penalty=0.3, presence_penalty=0.3, logit_bias={eos_token_id + i: -1.0
                                                                                    for i in range(1, 6)},
-                          min_tokens=10_000, max_tokens=10_000, stop_token_ids=[eos_token_id + 10], seed=seed,
+                          min_tokens=64, max_tokens=10_000, stop_token_ids=[eos_token_id + 10], seed=seed,
                           logprobs=5)
 
 

@@ -147,11 +147,17 @@ class KVCacheManager:
         self.stats.num_queried_tokens += request.num_prompt_tokens
         self.stats.num_hit_tokens += request.num_computed_tokens
 
+    def _insert_computed(self, request: Request) -> RadixNode | None:
+        if self.radix_cache is None or request.num_computed_tokens == 0:
+            return None
+        return self.radix_cache.insert(request.all_token_ids[:request.num_computed_tokens], request.block_table)
+
     def cache_computed(self, request: Request) -> None:
         """Insert the request's computed tokens into the tree and move its lock to the new node."""
-        if self.radix_cache is None or request.num_computed_tokens == 0:
+        node = self._insert_computed(request)
+        if node is None:
             return
-        node = self.radix_cache.insert(request.all_token_ids[:request.num_computed_tokens], request.block_table)
+        assert self.radix_cache is not None
         self.radix_cache.lock(node)
         old = self._locked_nodes.pop(request.request_id, None)
         if old is not None:
@@ -160,9 +166,9 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks; with caching on its computed tokens stay in the tree for others."""
-        self.cache_computed(request)
+        self._insert_computed(request)
         node = self._locked_nodes.pop(request.request_id, None)
-        if node is not None:
+        if node is not None:  # a split during the insert keeps the locked node object as the lower part
             self.radix_cache.unlock(node)  # type: ignore[union-attr]
         self.block_pool.free(reversed(request.block_table))  # tail first: those blocks are the least reusable
         request.block_table = []

@@ -22,9 +22,10 @@ class InFlightPrefill:
 
 
 def order_by_cached_prefix(waiting: list[Request], kv_cache_manager: KVCacheManager) -> list[Request]:
-    """Longest cached prefix first (SGLang's `lpm`); ties keep their current (first come, first served) order."""
+    """Longest cached prefix first (SGLang's `lpm`), after the preempted requests, which keep their place at the
+    front; ties keep their current (first come, first served) order."""
     lengths = {request.request_id: kv_cache_manager.cached_prefix_length(request) for request in waiting}
-    return sorted(waiting, key=lambda request: -lengths[request.request_id])
+    return sorted(waiting, key=lambda request: (request.num_preemptions == 0, -lengths[request.request_id]))
 
 
 def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: list[InFlightPrefill]) -> bool:

@@ -177,10 +177,11 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.token_ids[0]]
             self.block_pool.free(leaf.block_ids)
-            self.num_evicted_blocks += len(leaf.block_ids)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
-        return self.block_pool.num_free_blocks - free_before
+        freed = self.block_pool.num_free_blocks - free_before
+        self.num_evicted_blocks += freed  # blocks returned to the pool (a shared boundary block may stay held)
+        return freed
 
     def reset(self) -> None:
         """Drop every unlocked node (all of them when nothing is running)."""
@@ -196,10 +197,6 @@ class RadixCache:
 
     def _leaves(self) -> Iterator[RadixNode]:
         return (node for node in self._nodes() if not node.children)
-
-    @property
-    def num_nodes(self) -> int:
-        return sum(1 for _ in self._nodes())
 
     def block_refs(self) -> dict[int, int]:
         """Block id -> number of references the tree holds on it."""

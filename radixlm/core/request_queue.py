@@ -24,9 +24,6 @@ class WaitingQueue:
     def peek(self) -> Request:
         return self._requests[0]
 
-    def pop(self) -> Request:
-        return self._requests.popleft()
-
     def remove(self, request: Request) -> None:
         self._requests.remove(request)
 
@@ -63,9 +60,6 @@ class PriorityWaitingQueue(WaitingQueue):
 
     def peek(self) -> Request:
         return self._sorted[0]
-
-    def pop(self) -> Request:
-        return self._sorted.pop(0)
 
     def remove(self, request: Request) -> None:
         self._sorted.remove(request)

@@ -39,23 +39,31 @@ class Scheduler:
         self.num_computed_prompt_tokens = 0  # prompt tokens whose K/V were computed (not taken from the cache)
 
     # -- admission ---------------------------------------------------------------------------------------------
-    def add_request(self, request: Request) -> None:
-        """Queue a request; raises ValueError if it can never fit, QueueFullError if the queue is full."""
-        self.check_admissible(request)
+    def add_request(self, request: Request, check_queue_limit: bool = True) -> None:
+        """Queue a request; raises ValueError if it can never fit, QueueFullError if the queue is full (unless the
+        caller admitted it against the limit already, e.g. before it waited for its grammar)."""
+        self.check_admissible(request, check_queue_limit=check_queue_limit)
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def check_admissible(self, request: Request) -> None:
-        """Raise what `add_request` would raise for this request now, without queueing it."""
+    def check_admissible(self, request: Request, num_pending: int = 0, check_queue_limit: bool = True) -> None:
+        """Raise what `add_request` would raise for this request now, without queueing it; `num_pending` requests
+        held elsewhere before they queue (waiting for a grammar) count against `max_queued_requests`."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         if request.num_tokens >= self.max_model_len:
             raise ValueError(
                 f"prompt has {request.num_tokens} tokens but the context is {self.max_model_len} tokens "
                 f"(max_model_len, capped by the KV cache capacity), leaving no room to generate")
+        min_tokens = request.sampling_params.min_tokens
+        if request.num_tokens + min_tokens > self.max_model_len:
+            raise ValueError(
+                f"min_tokens ({min_tokens}) plus the prompt ({request.num_tokens} tokens) exceed the context of "
+                f"{self.max_model_len} tokens (max_model_len)")
         limit = self.config.max_queued_requests
-        if limit is not None and len(self.waiting) >= limit:
-            raise QueueFullError(f"{len(self.waiting)} requests are waiting (max_queued_requests={limit})")
+        num_waiting = len(self.waiting) + num_pending
+        if check_queue_limit and limit is not None and num_waiting >= limit:
+            raise QueueFullError(f"{num_waiting} requests are waiting (max_queued_requests={limit})")
 
     def abort(self, request_id: str) -> bool:
         """Abort a waiting, running or preempted request and free its blocks; False if it is not live."""
@@ -116,6 +124,9 @@ class Scheduler:
         if not output.preempted_request_ids:
             self._schedule_waiting(budget, scheduled, output)
         output.chunks = list(scheduled.values())
+        if not output.chunks and not self.running and self.waiting and not output.preempted_request_ids:
+            raise RuntimeError(f"scheduler made no progress with {len(self.waiting)} waiting requests and nothing "
+                               f"running (first: {self.waiting.peek()!r}); this is a bug")
         return output
 
     def _schedule_waiting(self, budget: int, scheduled: dict[str, ScheduledChunk], output: SchedulerOutput) -> None:
@@ -147,6 +158,11 @@ class Scheduler:
             while not admitted and (freed := self._preempt_lower_priority(request, scheduled, output)) is not None:
                 budget += freed
                 admitted = kv.allocate_with_prefix(request, match, num_new, output.block_copies)
+            if not admitted and match is not None and not self.running:
+                # Alone and still short: the matched path also pins the copies the tree keeps where branches start
+                # inside a block. Starting from nothing lets eviction free the whole tree, and it always fits.
+                match, num_new = None, min(request.num_tokens, budget)
+                admitted = kv.allocate_with_prefix(request, None, num_new, output.block_copies)
             if not admitted:
                 break
             first_admission = request.times.first_scheduled is None
@@ -247,7 +263,10 @@ class Scheduler:
 
 
 def check_token_stop(request: Request, max_model_len: int) -> tuple[RequestStatus, int | None] | None:
-    """The token-level stop that the last appended token triggers: eos, a stop token id, or a length limit."""
+    """The token-level stop that the last appended token triggers: the context limit (always), then, once
+    min_tokens are out, eos, a stop token id or max_tokens."""
+    if request.num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH, None
     params = request.sampling_params
     if request.num_output_tokens < params.min_tokens:
         return None
@@ -257,7 +276,5 @@ def check_token_stop(request: Request, max_model_len: int) -> tuple[RequestStatu
     if token_id in params.stop_token_ids:
         return RequestStatus.FINISHED_STOPPED, token_id
     if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-        return RequestStatus.FINISHED_LENGTH, None
-    if request.num_tokens >= max_model_len:
         return RequestStatus.FINISHED_LENGTH, None
     return None

@@ -36,6 +36,10 @@ class GrammarTracker:
     def has_waiting(self) -> bool:
         return bool(self._waiting)
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
     def submit(self, group: SequenceGroup) -> bool:
         """Start compiling the group's grammar; True if it is ready now (matchers attached). Raises the compile's
         ValueError if it already failed."""

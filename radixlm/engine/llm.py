@@ -42,12 +42,17 @@ class LLM:
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
         for spec in {params.structured_outputs for params in params_list} - {None}:
             self.engine.structured.submit(spec).result()  # a bad grammar raises ValueError before anything runs
-        request_ids = []
-        for prompt, params in zip(prompt_list, params_list, strict=True):
-            request_id = str(self._next_id)
-            self._next_id += 1
-            self.engine.add_request(request_id, prompt, params)
-            request_ids.append(request_id)
+        request_ids: list[str] = []
+        try:
+            for prompt, params in zip(prompt_list, params_list, strict=True):
+                request_id = str(self._next_id)
+                self._next_id += 1
+                self.engine.add_request(request_id, prompt, params)
+                request_ids.append(request_id)
+        except Exception:
+            for request_id in request_ids:  # all or nothing: none of this call's prompts stays queued
+                self.engine.abort_request(request_id)
+            raise
         return self._run(request_ids, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],

@@ -5,8 +5,8 @@ The engine is single-threaded: callers (the offline LLM, the async server wrappe
 
 A user request is a `SequenceGroup`; each of its sequences is one scheduler `Request`. With n > 1 (or best_of)
 sequence 0 computes the prompt, and in the step where it samples its first token the others are forked from it:
-they share its prompt blocks (ref counts; a partly filled last block is copied through the next step's
-`block_copies`) and each draws its own first token from the same logits row, with its own random stream.
+they share its prompt blocks (ref counts; a partly filled last block is copied right after the forward that
+wrote it) and each draws its own first token from the same logits row, with its own random stream.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ class LLMEngine:
         self._arrival_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}
         self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
-        self._pending_block_copies: list[tuple[int, int, int]] = []  # forks' partial blocks, for the next forward
 
     def _max_model_len(self) -> int:
         limits = [self.runner.kv_cache.num_slots]
@@ -127,7 +126,7 @@ class LLMEngine:
         group = SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
                               sequences, unforked=sequences[1:],
                               prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
-        self.scheduler.check_admissible(sequences[0].request)
+        self.scheduler.check_admissible(sequences[0].request, num_pending=self.grammars.num_waiting)
         if params.structured_outputs is None or self.grammars.submit(group):
             self.scheduler.add_request(sequences[0].request)
         self._groups[request_id] = group
@@ -170,8 +169,6 @@ class LLMEngine:
             if self.grammars.has_waiting:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
-        scheduler_output.block_copies.extend(self._pending_block_copies)
-        self._pending_block_copies = []
         positions = prompt_logits_positions(scheduler_output, self._sequences)
         result = self.runner.execute(scheduler_output, positions)
         record_prompt_logprobs(result.prompt_logits, positions, self._sequences, self.logprob_formatter)
@@ -201,8 +198,8 @@ class LLMEngine:
         if not self.grammars.has_waiting:
             return []
         ready, failed = self.grammars.take_compiled()
-        for group in ready:
-            self.scheduler.add_request(group.first.request)
+        for group in ready:  # admitted against the queue limit when added
+            self.scheduler.add_request(group.first.request, check_queue_limit=False)
         outputs = []
         for group, error in failed:
             logger.warning("request %s: %s", group.request_id, error)
@@ -224,8 +221,10 @@ class LLMEngine:
             if sequence.index != 0 or not group.unforked:
                 continue
             for child in group.unforked:
-                self._pending_block_copies += self.scheduler.fork_request(sequence.request, child.request,
-                                                                          chunk.context_len)
+                # The forward has written the parent's K/V: copy its partial block now. (Deferring the copy to the
+                # next step would let a child that ends at once free its block and someone else reuse it.)
+                self.runner.kv_cache.copy_blocks(
+                    self.scheduler.fork_request(sequence.request, child.request, chunk.context_len))
                 children.append(child.request)
                 rows.append(row)
             group.unforked = []

@@ -2,7 +2,8 @@
 
 All scheduled tokens of all requests form one `[1, T]` sequence. Per token: its id, its position in its own
 request, and the slot its K/V are written to. Per request: which query rows are its own and which slots hold its
-context. Requests computing a single token (decodes) are grouped so that attention runs on them as one batch.
+context: a slice of the cache when the context is one run of blocks (the usual case, see BlockPool), otherwise the
+slot of every position, to gather.
 
 The rows whose logits the LM head computes (`logits_to_keep`) are the sampled rows (one per sampling request, in
 `SchedulerOutput.sampling_request_ids` order), then the prompt rows asked for prompt logprobs, request by request.
@@ -21,12 +22,12 @@ from radixlm.model.kv_cache import PagedKVCache
 
 @dataclass
 class DecodeGroup:
-    """Requests computing one token each (decodes). Padded slot rows are sliced per request, never attended."""
+    """Requests computing one token each (decodes)."""
 
     query_rows: torch.Tensor     # [B] rows of the packed batch
-    context_slots: torch.Tensor  # [B, L_max] slot of each context position (padding points at slot 0)
     context_lens: list[int]      # [B]
     first_slots: list[int | None]  # [B] slot of position 0 when the whole context is one run of slots
+    scattered_slots: dict[int, torch.Tensor]  # index -> slots of positions 0..L-1, for the other requests
     rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
 
     def slots(self, index: int, sliding_window: int | None) -> torch.Tensor | slice:
@@ -37,7 +38,7 @@ class DecodeGroup:
         first = self.first_slots[index]
         if first is not None:
             return slice(first + start, first + length)
-        return self.context_slots[index, start:length]
+        return self.scattered_slots[index][start:length]
 
 
 @dataclass
@@ -144,21 +145,23 @@ def _context_slots(block_rows: torch.Tensor, context_len: int, block_size: int) 
 
 
 def _decode_group(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> DecodeGroup | None:
-    rows, indices, lens = [], [], []
+    rows, lens, first_slots = [], [], []
+    scattered: dict[int, torch.Tensor] = {}
     row = 0
     for index, chunk in enumerate(output.chunks):
         if chunk.num_tokens == 1:
+            first = _first_slot_if_contiguous(chunk.block_table, chunk.context_len, block_size)
+            if first is None:
+                scattered[len(rows)] = _context_slots(block_tables[index:index + 1], chunk.context_len,
+                                                      block_size)[0]
             rows.append(row)
-            indices.append(index)
             lens.append(chunk.context_len)
+            first_slots.append(first)
         row += chunk.num_tokens
     if not rows:
         return None
-    slots = _context_slots(block_tables[torch.tensor(indices)], max(lens), block_size)
-    first_slots = [_first_slot_if_contiguous(output.chunks[i].block_table, length, block_size)
-                   for i, length in zip(indices, lens, strict=True)]
-    return DecodeGroup(query_rows=torch.tensor(rows), context_slots=slots, context_lens=lens,
-                       first_slots=first_slots, rows_are_prefix=rows == list(range(len(rows))))
+    return DecodeGroup(query_rows=torch.tensor(rows), context_lens=lens, first_slots=first_slots,
+                       scattered_slots=scattered, rows_are_prefix=rows == list(range(len(rows))))
 
 
 def _prefill_segments(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> list[PrefillSegment]:

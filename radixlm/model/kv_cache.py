@@ -41,12 +41,9 @@ class PagedKVCache:
         self.block_size = block_size
         num_slots = num_blocks * block_size
         shape = (num_slots, num_kv_heads, head_dim)
-        # torch.empty commits memory lazily; slot 0 is zeroed because attention padding reads it (masked, but
-        # garbage NaNs would still poison the weighted sum). Every other slot is written before it is read.
+        # torch.empty commits memory lazily, as blocks are first written; attention only reads written slots.
         self.key_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.value_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        for cache in (*self.key_caches, *self.value_caches):
-            cache[0].zero_()
         bytes_total = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype) * num_slots
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%d bytes per token)",
                     num_blocks, block_size, num_slots, bytes_total / 2**20, bytes_total // num_slots)

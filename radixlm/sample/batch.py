@@ -28,7 +28,6 @@ class SamplingBatch:
     greedy_rows: torch.Tensor  # temperature 0: exact argmax
     random_rows: torch.Tensor
     temperatures: torch.Tensor  # [R] of the random rows
-    min_ps: torch.Tensor  # [R]
     min_p_logs: torch.Tensor  # [R] ln(min_p), -inf where min_p is 0: the min_p cut in logit space
     top_ks: torch.Tensor  # [R], 0 = off
     top_ps: torch.Tensor  # [R], 1 = off
@@ -66,7 +65,6 @@ class SamplingBatch:
             greedy_rows=_rows(greedy),
             random_rows=_rows([not g for g in greedy]),
             temperatures=torch.tensor([p.temperature for p in random_params], dtype=torch.float32),
-            min_ps=torch.tensor([p.min_p for p in random_params], dtype=torch.float32),
             min_p_logs=torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in random_params],
                                     dtype=torch.float32),
             top_ks=torch.tensor([p.top_k for p in random_params], dtype=torch.long),

@@ -4,13 +4,13 @@ Order of the transforms (fixed; each stage sees the output of the one before):
  1. raw logprobs, if asked: log_softmax of the model's logits (`logprobs.py`)
  2. logit_bias: z[t] += bias[t]
  3. min_tokens: eos (unless ignore_eos) and stop_token_ids get -inf while fewer than min_tokens were generated
+ 3b. grammar masks: tokens a constrained row's grammar does not allow next get -inf (`radixlm/structured/`)
  4. repetition penalty (HF, over prompt + output tokens)                  } `penalties.py`
  5. frequency and presence penalties (OpenAI, over output tokens)          }
  6. temperature: 0 takes the exact argmax of z (first index on ties) and skips 7-10; else z /= T
  7. min_p, 8. top-k, 9. top-p: one keep-threshold per row (`filters.py`)
 10. draw: inverse CDF of softmax(z) over the kept tokens, in token-id order, with u = uniform number
     `num_output_tokens` of the sequence's stream (`draw.py`, `rng.py`).
- 3b. grammar masks: tokens a constrained row's grammar does not allow next get -inf (`radixlm/structured/`)
 
 All stages run as tensor ops over the rows they concern; the per-row parameter tensors (`SamplingBatch`) are
 rebuilt only when the rows change, and penalty statistics are carried from step to step (`PenaltyStats`).

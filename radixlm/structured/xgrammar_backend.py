@@ -67,7 +67,7 @@ class XGrammarBackend:
             raise ValueError(f"invalid {spec.kind} grammar: {_first_line(error)}") from None
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
-        return XGrammarMatcher(xgr.GrammarMatcher(compiled, max_rollback_tokens=-1))
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled))
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(num_rows, self.vocab_size)

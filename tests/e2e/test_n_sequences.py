@@ -1,6 +1,7 @@
 """n > 1 and best_of: one prompt forks into sequences that share its KV blocks, each with its own stream."""
 
 import pytest
+import torch
 
 from e2e.engine_runs import drain, run
 from radixlm.engine.llm import LLM
@@ -38,9 +39,10 @@ def test_the_pool_holds_one_copy_of_the_prompt_blocks(model):
     tails = [sequence.block_table[2] for sequence in sequences]
     assert len(set(tails) | set(full_blocks)) == 6  # the partial block: one private copy per sequence
     assert [pool.ref_count(b) for b in tails] == [1, 1, 1, 1]
-    assert engine._pending_block_copies == [(tails[0], tail, 2) for tail in tails[1:]]
-    engine.step()  # the copies are applied before this forward
-    assert engine._pending_block_copies == []
+    cache = engine.runner.kv_cache  # each private tail holds a copy of the parent's 2 partial-block positions
+    for layer_cache in (*cache.key_caches, *cache.value_caches):
+        for tail in tails[1:]:
+            assert torch.equal(layer_cache[tail * 4:tail * 4 + 2], layer_cache[tails[0] * 4:tails[0] * 4 + 2])
     drain(engine)
 
 
@@ -106,9 +108,30 @@ def test_fork_without_a_spare_block_recomputes_the_partial_block(model):
     engine.add_request("r", PROMPT, params)
     engine.step()
     child = engine.scheduler.requests["r#1"]
-    assert engine._pending_block_copies == [] and len(child.block_table) == 2
+    assert len(child.block_table) == 2
     assert child.num_computed_tokens == 8 and child.num_uncomputed_tokens == 3
     forked = drain(engine)["r"]
     alone = build_engine(model=model, num_kv_blocks=3, block_size=4, enable_prefix_caching=False)
     singles = run(alone, [(f"s{i}", PROMPT, params.replace(n=1, seed=params.seed + i)) for i in range(2)])
     assert [forked.token_ids(i) for i in range(2)] == [singles[f"s{i}"].token_ids() for i in range(2)]
+
+
+def test_a_child_that_ends_at_once_does_not_corrupt_the_next_request(model):
+    """A fork's partial-block copy is made at once: a child finishing on its first token frees its block, which
+    the next request may take for its own prefix copy in the very next step."""
+    prompt = list(range(60, 70))  # 10 tokens with blocks of 4: the last block is partial
+    follower = prompt[:6] + [100, 101, 102]  # its cache hit ends inside a block: it gets a copied block
+    greedy = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    alone = build_engine(model=model, num_kv_blocks=64, block_size=4, enable_prefix_caching=False)
+    alone.add_request("b", follower, greedy)
+    expected = drain(alone)["b"]
+    engine = build_engine(model=model, num_kv_blocks=4, block_size=4)
+    engine.add_request("r", prompt, SamplingParams(n=2, seed=1, temperature=1.0, max_tokens=1, ignore_eos=True))
+    engine.step()
+    engine.add_request("b", follower, greedy)
+    got = drain(engine)["b"]
+    assert got.sequences[0].token_ids == expected.sequences[0].token_ids
+    for position, reference in zip(got.sequences[0].logprobs, expected.sequences[0].logprobs, strict=True):
+        assert position.keys() == reference.keys()
+        assert all(abs(position[t].logprob - reference[t].logprob) < 1e-4 for t in position)
+    assert got.output.num_cached_tokens == 6

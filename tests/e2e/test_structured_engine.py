@@ -9,6 +9,7 @@ import pytest
 
 from e2e.hf_reference import assert_all_blocks_released
 from radixlm import LLM, SamplingParams
+from radixlm.core.scheduler import QueueFullError
 
 REGEXES = [r"[a-c]{3}-\d{2}", r"(yes|no|maybe)", r"\d{1,3}(\.\d{1,2})?", r"[A-Z][a-z]{2,5}( [a-z]{2,4}){0,2}"]
 EBNF = """root ::= expr
@@ -147,3 +148,20 @@ def test_a_grammar_still_compiling_does_not_stall_the_batch(model_dir):
     assert outputs["bad"][-1].outputs[0].finish_reason == "abort"
     assert "invalid regex grammar" in outputs["bad"][-1].outputs[0].stop_reason
     assert_all_blocks_released(engine)
+
+
+def test_requests_waiting_for_a_grammar_count_against_the_queue_limit(model_dir):
+    engine = make_llm(model_dir, max_queued_requests=1).engine
+    backend = engine.structured.backend
+    compile_fast, gate = backend.compile, threading.Event()
+    backend.compile = lambda spec: (gate.wait(timeout=30), compile_fast(spec))[1]
+    engine.add_request("json", "hello", SamplingParams(temperature=0.0, max_tokens=40,
+                                                       structured_outputs={"json": SCHEMA}))
+    with pytest.raises(QueueFullError):
+        engine.add_request("plain", "hello", SamplingParams(max_tokens=4))
+    gate.set()
+    outputs = {}
+    while engine.has_unfinished_requests():  # once compiled, it is queued without tripping the limit again
+        for output in engine.step():
+            outputs[output.request_id] = output
+    assert json.loads(outputs["json"].outputs[0].text)["tag"] in ("a", "b")

@@ -1,7 +1,8 @@
 import pytest
 
 from radixlm.core.scheduler import QueueFullError
-from radixlm.request import RequestStatus
+from radixlm.request import Request, RequestStatus
+from radixlm.sampling_params import SamplingParams
 from unit.fake_engine import EOS, chunk_sizes, make_request, make_scheduler, step
 
 
@@ -203,3 +204,31 @@ def test_priority_preemption_when_max_num_seqs_is_reached():
     scheduler.add_request(make_request("high", 3, priority=0, order=1))
     output = step(scheduler)
     assert output.preempted_request_ids == ["low"] and set(chunk_sizes(output)) == {"high"}
+
+
+def test_min_tokens_never_carry_a_request_past_the_context():
+    scheduler = make_scheduler(max_model_len=20)
+    with pytest.raises(ValueError, match=r"min_tokens \(11\) plus the prompt \(10 tokens\)"):
+        scheduler.add_request(make_request("too-many", 10, max_tokens=None, min_tokens=11))
+    request = make_request("fits", 10, max_tokens=None, min_tokens=10)
+    scheduler.add_request(request)
+    run_to_completion(scheduler)
+    assert request.status is RequestStatus.FINISHED_LENGTH and request.num_tokens == 20
+
+
+def test_a_lone_request_fits_even_when_its_cached_path_pins_branch_copies():
+    """A branch inside a block leaves a copy of that block on both sides; a lone request whose matched path pins
+    both must still run (it starts from nothing and eviction frees the tree) instead of waiting forever."""
+    from radixlm.config import SchedulerConfig
+    from radixlm.core.kv_cache_manager import KVCacheManager
+    from radixlm.core.scheduler import Scheduler
+
+    scheduler = Scheduler(SchedulerConfig(), KVCacheManager(4, 4, enable_prefix_caching=True), max_model_len=16)
+    first = make_request("first", 10, max_tokens=1)
+    scheduler.add_request(first)
+    run_to_completion(scheduler)
+    second = Request("second", [*first.prompt_token_ids[:6], 100, 101, 102], SamplingParams(max_tokens=6),
+                     arrival_order=1)
+    scheduler.add_request(second)
+    run_to_completion(scheduler, max_steps=50)
+    assert second.status is RequestStatus.FINISHED_LENGTH and second.num_tokens == 15
