@@ -77,7 +77,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = field(default=128, metadata=_help("most requests in one batch"))
+    max_num_seqs: int = field(default=128, metadata=_help("most sequences running at once (n > 1 takes n)"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
         "token budget of one step: decodes take one each, prefill chunks share the rest"))
     schedule_policy: str = field(default="fcfs", metadata=_help(

@@ -138,13 +138,9 @@ class Scheduler:
         in_flight = [InFlightPrefill(self.requests[c.request_id].all_token_ids, c.start_position, c.context_len)
                      for c in scheduled.values() if c.num_tokens > 1]
         for request in list(self.waiting):
-            if budget == 0:
+            if budget == 0 or (freed := self._make_seats(request, scheduled, output)) is None:
                 break
-            if len(self.running) >= self.config.max_num_seqs:
-                freed = self._preempt_lower_priority(request, scheduled, output)
-                if freed is None:
-                    break
-                budget += freed
+            budget += freed
             # Prompt logprobs need the logits of every prompt position: until its first token such a request
             # computes its whole prompt (as vLLM does), since cached positions have no logits.
             reuse_cache = request.sampling_params.prompt_logprobs is None or request.num_output_tokens > 0
@@ -176,6 +172,19 @@ class Scheduler:
             budget -= num_new
             if num_new > 1:
                 in_flight.append(InFlightPrefill(request.all_token_ids, chunk.start_position, chunk.context_len))
+
+    def _make_seats(self, request: Request, scheduled: dict[str, ScheduledChunk],
+                    output: SchedulerOutput) -> int | None:
+        """Make room within `max_num_seqs` for all of `request`'s sequences (preempting lower-priority ones under
+        the priority policy). Returns the budget the victims' chunks give back, or None if there is no room."""
+        num_seats = num_sequences_to_seat(request)
+        freed = 0
+        while self.running and sum(map(num_sequences_to_seat, self.running)) + num_seats > self.config.max_num_seqs:
+            victim_budget = self._preempt_lower_priority(request, scheduled, output)
+            if victim_budget is None:
+                return None
+            freed += victim_budget
+        return freed
 
     def _preempt_lower_priority(self, request: Request, scheduled: dict[str, ScheduledChunk],
                                 output: SchedulerOutput) -> int | None:
@@ -260,6 +269,13 @@ class Scheduler:
             assert request.status is RequestStatus.WAITING, request
         assert len(self.running) + len(self.waiting) == len(self.requests)
         self.kv_cache_manager.check_invariants(self.requests.values())
+
+
+def num_sequences_to_seat(request: Request) -> int:
+    """The running seats admitting `request` takes: with n > 1 (or best_of) a request that has no token yet forks
+    into all its sequences in the step that samples its first token, so it needs a seat for each. One that cannot
+    have them all (more sequences than `max_num_seqs`) runs when nothing else does."""
+    return request.sampling_params.num_sequences if request.num_output_tokens == 0 else 1
 
 
 def check_token_stop(request: Request, max_model_len: int) -> tuple[RequestStatus, int | None] | None:

@@ -135,3 +135,21 @@ def test_a_child_that_ends_at_once_does_not_corrupt_the_next_request(model):
         assert position.keys() == reference.keys()
         assert all(abs(position[t].logprob - reference[t].logprob) < 1e-4 for t in position)
     assert got.output.num_cached_tokens == 6
+
+
+def test_forked_sequences_stay_within_max_num_seqs(model, four):
+    engine = build_engine(model=model, max_num_seqs=5, **ENGINE)
+    engine.add_request("solo", PROMPT[:4], SamplingParams(seed=3, max_tokens=6, ignore_eos=True))
+    engine.add_request("duo", PROMPT[:7], SamplingParams(seed=5, max_tokens=6, ignore_eos=True))
+    engine.step()
+    engine.add_request("r", PROMPT, PARAMS)  # four sequences: waits until two seats free up
+    seen = set()
+    results = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            results[output.request_id] = output
+        running = engine.scheduler.running
+        assert len(running) <= 5
+        seen.add(len(running))
+    assert 4 in seen
+    assert [results["r"].outputs[i].token_ids for i in range(4)] == [four.token_ids(i) for i in range(4)]

@@ -232,3 +232,22 @@ def test_a_lone_request_fits_even_when_its_cached_path_pins_branch_copies():
     scheduler.add_request(second)
     run_to_completion(scheduler, max_steps=50)
     assert second.status is RequestStatus.FINISHED_LENGTH and second.num_tokens == 15
+
+
+def test_a_request_with_n_sequences_waits_for_n_seats():
+    """Sequence 0 forks into n in the step of its first token, so it is admitted only when all n fit."""
+    scheduler = make_scheduler(max_num_seqs=4)
+    scheduler.add_request(make_request("one", 3, max_tokens=2, order=0))
+    step(scheduler)
+    scheduler.add_request(make_request("four", 3, order=1, n=4))
+    scheduler.add_request(make_request("behind", 3, order=2))  # first come, first served: it waits its turn
+    assert set(chunk_sizes(step(scheduler))) == {"one"}
+    assert set(chunk_sizes(step(scheduler))) == {"four"}  # "one" finished; "four" takes all four seats
+    assert set(chunk_sizes(step(scheduler))) == {"four", "behind"}  # it has its token: one seat from now on
+
+
+def test_a_request_with_more_sequences_than_seats_runs_alone():
+    scheduler = make_scheduler(max_num_seqs=2)
+    scheduler.add_request(make_request("six", 3, order=0, n=6))
+    scheduler.add_request(make_request("next", 3, order=1))
+    assert set(chunk_sizes(step(scheduler))) == {"six"}
