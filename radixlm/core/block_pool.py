@@ -29,8 +29,6 @@ class BlockPool:
         self._prev = list(range(-1, num_blocks))
         self._next[num_blocks] = 0
         self._prev[0] = num_blocks
-        self._next[num_blocks - 1] = num_blocks
-        self._prev[num_blocks] = num_blocks - 1
         self._num_free = num_blocks
 
     # -- free list -------------------------------------------------------------------------------------------
@@ -62,7 +60,7 @@ class BlockPool:
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by someone."""
+        """Fraction of blocks held by someone (the radix tree included)."""
         return self.num_used_blocks / self.num_blocks
 
     def ref_count(self, block_id: int) -> int:
@@ -136,3 +134,8 @@ class BlockPool:
             assert count >= 0, f"block {block_id} has negative ref count {count}"
             assert (count == 0) == (block_id in free_set), (
                 f"block {block_id}: ref count {count} but {'on' if block_id in free_set else 'off'} the free list")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: blocks of size `b` that `a` tokens need."""
+    return -(-a // b)

@@ -13,16 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixlm.core.block_pool import BlockPool
+from radixlm.core.block_pool import BlockPool, cdiv
 from radixlm.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from radixlm.request import Request
 
 # Output tokens a new request's block reservation plans for at most (a preference only, see _reserve_growth).
 _MAX_RESERVED_OUTPUT_TOKENS = 512
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass
@@ -56,10 +52,6 @@ class KVCacheManager:
         return self.block_pool.num_free_blocks
 
     @property
-    def usage(self) -> float:
-        return self.block_pool.usage
-
-    @property
     def num_evicted_blocks(self) -> int:
         return self.radix_cache.num_evicted_blocks if self.radix_cache else 0
 
@@ -87,17 +79,15 @@ class KVCacheManager:
             return False
         request.block_table.extend(block_ids)
         if first_allocation and block_ids:
-            self._reserve_growth(request, num_new_tokens)
+            self._reserve_growth(request)
         return True
 
-    def _reserve_growth(self, request: Request, num_new_tokens: int) -> None:
+    def _reserve_growth(self, request: Request) -> None:
         """Keep the blocks after a new request's table for the rest of its prompt and (some of) its output, while
         the pool has room, so that its K/V stay one contiguous run (see BlockPool.reserve_after)."""
-        max_tokens = request.sampling_params.max_tokens or _MAX_RESERVED_OUTPUT_TOKENS
-        future_tokens = (request.num_tokens - request.num_computed_tokens - num_new_tokens
-                         + min(max_tokens, _MAX_RESERVED_OUTPUT_TOKENS))
-        total_blocks = cdiv(request.num_computed_tokens + num_new_tokens + future_tokens, self.block_size)
-        num_blocks = total_blocks - len(request.block_table)
+        num_output_tokens = min(request.sampling_params.max_tokens or _MAX_RESERVED_OUTPUT_TOKENS,
+                                _MAX_RESERVED_OUTPUT_TOKENS)
+        num_blocks = cdiv(request.num_tokens + num_output_tokens, self.block_size) - len(request.block_table)
         if num_blocks > 0 and 2 * num_blocks <= self.block_pool.num_free_blocks:
             self.block_pool.reserve_after(request.block_table[-1], num_blocks)
 
@@ -138,7 +128,7 @@ class KVCacheManager:
         request.num_computed_tokens = match.num_tokens
         self._locked_nodes[request.request_id] = match.node
         if fresh:
-            self._reserve_growth(request, num_new_tokens)
+            self._reserve_growth(request)
         return True
 
     def record_admission(self, request: Request) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.core.radix_cache import common_prefix_len
 from radixlm.request import Request
 
 # A waiting request that would recompute at least this many tokens another chunk computes in the same step waits a
@@ -24,8 +25,8 @@ class InFlightPrefill:
 def order_by_cached_prefix(waiting: list[Request], kv_cache_manager: KVCacheManager) -> list[Request]:
     """Longest cached prefix first (SGLang's `lpm`), after the preempted requests, which keep their place at the
     front; ties keep their current (first come, first served) order."""
-    lengths = {request.request_id: kv_cache_manager.cached_prefix_length(request) for request in waiting}
-    return sorted(waiting, key=lambda request: (request.num_preemptions == 0, -lengths[request.request_id]))
+    return sorted(waiting, key=lambda request: (request.num_preemptions == 0,
+                                                -kv_cache_manager.cached_prefix_length(request)))
 
 
 def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: list[InFlightPrefill]) -> bool:
@@ -33,11 +34,7 @@ def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: l
     already scheduled this step computes for another request?"""
     tokens = request.all_token_ids
     for prefill in in_flight:
-        limit = min(len(tokens), prefill.end)
-        common = 0
-        while common < limit and tokens[common] == prefill.token_ids[common]:
-            common += 1
-        overlap = min(common, prefill.end) - max(num_cached, prefill.start)
-        if overlap >= IN_BATCH_PREFIX_THRESHOLD:
+        common = common_prefix_len(prefill.token_ids[:prefill.end], tokens)
+        if common - max(num_cached, prefill.start) >= IN_BATCH_PREFIX_THRESHOLD:
             return True
     return False

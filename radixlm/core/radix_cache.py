@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from radixlm.core.block_pool import BlockPool
+from radixlm.core.block_pool import BlockPool, cdiv
 
 
 class RadixNode:
@@ -50,9 +50,11 @@ class PrefixMatch:
     node: RadixNode
 
 
-def _common_prefix_len(a: list[int], b: list[int], offset: int) -> int:
+def common_prefix_len(a: list[int], b: list[int], offset: int = 0) -> int:
     """Length of the common prefix of `a` and `b[offset:]`."""
     limit = min(len(a), len(b) - offset)
+    if a[:limit] == b[offset:offset + limit]:  # the usual case (a whole edge matches), compared in C
+        return limit
     for i in range(limit):
         if a[i] != b[offset + i]:
             return i
@@ -87,7 +89,7 @@ class RadixCache:
             child = node.children.get(token_ids[matched])
             if child is None:
                 break
-            common = _common_prefix_len(child.token_ids, token_ids, matched)
+            common = common_prefix_len(child.token_ids, token_ids, matched)
             matched += common
             if common < len(child.token_ids):
                 if split:
@@ -97,7 +99,7 @@ class RadixCache:
         return node, matched
 
     def _path_blocks(self, node: RadixNode, num_tokens: int) -> list[int]:
-        num_blocks = -(-num_tokens // self.block_size)
+        num_blocks = cdiv(num_tokens, self.block_size)
         block_ids = [-1] * num_blocks
         filled_below = num_blocks  # indices >= this are already taken from a deeper node
         while node is not self.root:
@@ -117,7 +119,7 @@ class RadixCache:
         node, matched = self._walk(token_ids, split=True)
         if matched < len(token_ids):
             first = matched // self.block_size
-            last = -(-len(token_ids) // self.block_size)
+            last = cdiv(len(token_ids), self.block_size)
             new_blocks = block_table[first:last]
             self.block_pool.incref(new_blocks)
             child = RadixNode(token_ids[matched:], matched, new_blocks, node)
@@ -132,7 +134,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         first_index = node.start // self.block_size
-        num_upper_blocks = -(-boundary // self.block_size) - first_index
+        num_upper_blocks = cdiv(boundary, self.block_size) - first_index
         upper = RadixNode(node.token_ids[:at], node.start, node.block_ids[:num_upper_blocks], parent)
         upper.lock_ref = node.lock_ref
         upper.last_access = node.last_access
@@ -214,7 +216,7 @@ class RadixCache:
             assert parent is not None and parent.children.get(node.token_ids[0]) is node, f"{node} badly linked"
             assert node.token_ids, f"{node} has an empty edge"
             assert node.start == parent.end, f"{node} does not start where {parent} ends"
-            expected = -(-node.end // self.block_size) - node.start // self.block_size
+            expected = cdiv(node.end, self.block_size) - node.start // self.block_size
             assert len(node.block_ids) == expected, f"{node} should hold {expected} blocks"
             assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), f"{node} lock below children"
             for block_id in node.block_ids:

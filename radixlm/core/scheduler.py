@@ -111,11 +111,8 @@ class Scheduler:
             if num_new == 0:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
-                victim = max(self.running, key=lambda r: (r.priority, r.arrival_order))
-                self._preempt(victim)
-                output.preempted_request_ids.append(victim.request_id)
-                victim_chunk = scheduled.pop(victim.request_id, None)
-                budget += victim_chunk.num_tokens if victim_chunk else 0
+                victim = max(self.running, key=preemption_rank)
+                budget += self._preempt_scheduled(victim, scheduled, output)
                 if victim is request:
                     break
             else:
@@ -131,12 +128,14 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, scheduled: dict[str, ScheduledChunk], output: SchedulerOutput) -> None:
         """Admit waiting requests in queue order, each starting from its cached prefix."""
+        if not self.waiting:
+            return
         kv = self.kv_cache_manager
         if (self.config.schedule_policy == "lpm" and kv.radix_cache is not None
                 and len(self.waiting) <= self.config.lpm_fallback_queue_len):
             self.waiting.reorder(order_by_cached_prefix(list(self.waiting), kv))
         in_flight = [InFlightPrefill(self.requests[c.request_id].all_token_ids, c.start_position, c.context_len)
-                     for c in scheduled.values() if c.num_tokens > 1]
+                     for c in scheduled.values() if c.num_tokens > 1] if kv.radix_cache is not None else []
         for request in list(self.waiting):
             if budget == 0 or (freed := self._make_seats(request, scheduled, output)) is None:
                 break
@@ -192,9 +191,14 @@ class Scheduler:
         ranks strictly below it. Returns the budget the victim's chunk gives back, or None if nobody ranks below."""
         if self.config.schedule_policy != "priority" or not self.running:
             return None
-        victim = max(self.running, key=lambda r: (r.priority, r.arrival_order))
+        victim = max(self.running, key=preemption_rank)
         if victim.priority <= request.priority:
             return None
+        return self._preempt_scheduled(victim, scheduled, output)
+
+    def _preempt_scheduled(self, victim: Request, scheduled: dict[str, ScheduledChunk],
+                           output: SchedulerOutput) -> int:
+        """Preempt `victim`, dropping its chunk from this step; returns the budget that chunk gives back."""
         self._preempt(victim)
         output.preempted_request_ids.append(victim.request_id)
         chunk = scheduled.pop(victim.request_id, None)
@@ -240,14 +244,17 @@ class Scheduler:
                 self.kv_cache_manager.cache_computed(request)  # later requests (and this one, if preempted) hit
             if not chunk.samples:
                 continue
-            token_id = sampled[chunk.request_id]
-            request.append_output_token(token_id)
-            request.record_token_time(now)
+            self.append_token(request, sampled[chunk.request_id], now)
             updated.append(request)
-            stop = check_token_stop(request, self.max_model_len)
-            if stop is not None:
-                self.finish_request(request, *stop)
         return updated
+
+    def append_token(self, request: Request, token_id: int, now: float) -> None:
+        """Append a sampled token to a running request and apply the token-level stops (freeing it if one hits)."""
+        request.append_output_token(token_id)
+        request.record_token_time(now)
+        stop = check_token_stop(request, self.max_model_len)
+        if stop is not None:
+            self.finish_request(request, *stop)
 
     # -- introspection -----------------------------------------------------------------------------------------
     @property
@@ -269,6 +276,11 @@ class Scheduler:
             assert request.status is RequestStatus.WAITING, request
         assert len(self.running) + len(self.waiting) == len(self.requests)
         self.kv_cache_manager.check_invariants(self.requests.values())
+
+
+def preemption_rank(request: Request) -> tuple[int, int]:
+    """The running request with the highest rank is preempted first: lowest priority, then latest arrival."""
+    return request.priority, request.arrival_order
 
 
 def num_sequences_to_seat(request: Request) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.core.block_pool import cdiv
 from radixlm.core.outputs import SchedulerOutput
 from radixlm.model.kv_cache import PagedKVCache
 
@@ -129,7 +130,7 @@ class InputBatch:
 def _first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
     """Slot of position 0 when positions 0..context_len-1 live in one run of consecutive blocks (then their K/V
     are one slice of the cache and attention reads them without a gather; see BlockPool)."""
-    num_blocks = -(-context_len // block_size)
+    num_blocks = cdiv(context_len, block_size)
     first = block_table[0]
     if block_table[num_blocks - 1] - first != num_blocks - 1:
         return None
