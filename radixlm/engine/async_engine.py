@@ -78,10 +78,6 @@ class OutputStream:
         self._prompt_index = {request_id: i for i, request_id in enumerate(request_ids)}
         self._unfinished = set(request_ids)
 
-    @property
-    def finished(self) -> bool:
-        return not self._unfinished
-
     def abort(self) -> None:
         if self._unfinished:
             self._engine.abort(sorted(self._unfinished))
@@ -236,19 +232,15 @@ class AsyncEngine:
                 return commands
 
     def _admit(self, engine: LLMEngine, admission: _Admission) -> None:
-        added: list[str] = []
+        request_ids = admission.stream.request_ids
         error: BaseException | None = None
         try:
-            for request_id, prompt in zip(admission.stream.request_ids, admission.prompts, strict=True):
-                engine.add_request(request_id, prompt, admission.params, priority=admission.priority,
-                                   arrival_time=admission.arrival_time)
-                added.append(request_id)
-                self._streams[request_id] = admission.stream
+            engine.add_requests([(request_id, prompt, admission.params)
+                                 for request_id, prompt in zip(request_ids, admission.prompts, strict=True)],
+                                priority=admission.priority, arrival_time=admission.arrival_time)
+            self._streams.update(dict.fromkeys(request_ids, admission.stream))
         except Exception as exc:  # every admission error goes back to its caller, never kills the engine
             error = exc
-            for request_id in added:
-                engine.abort_request(request_id)
-                del self._streams[request_id]
         self._loop.call_soon_threadsafe(_resolve, admission.done, error)  # type: ignore[union-attr]
 
     def _route(self, outputs: list[RequestOutput], batch: list[tuple[OutputStream, RequestOutput | BaseException]],

@@ -24,11 +24,9 @@ class IncrementalDetokenizer:
         self._context = prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]
         self._stream = DecodeStream(ids=self._context, skip_special_tokens=skip_special_tokens)
         self._held: list[int] = []  # tokens added since the last one that produced text
-        self.text = ""
 
     def add(self, token_id: int) -> str:
         piece = self._stream.step(self._backend, token_id) or ""
-        self.text += piece
         if piece:
             self._context = (self._context + self._held + [token_id])[-_PROMPT_CONTEXT_TOKENS:]
             self._held = []
@@ -43,6 +41,4 @@ class IncrementalDetokenizer:
         before = self._tokenizer.decode(self._context, skip_special_tokens=self._skip_special_tokens)
         after = self._tokenizer.decode(self._context + self._held, skip_special_tokens=self._skip_special_tokens)
         self._held = []
-        piece = after[len(before):] if after.startswith(before) else ""
-        self.text += piece
-        return piece
+        return after[len(before):] if after.startswith(before) else ""

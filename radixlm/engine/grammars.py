@@ -33,10 +33,6 @@ class GrammarTracker:
         self._matchers: dict[str, GrammarMatcher] = {}  # scheduler request id -> its sequence's matcher
 
     @property
-    def has_waiting(self) -> bool:
-        return bool(self._waiting)
-
-    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 

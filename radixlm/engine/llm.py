@@ -42,17 +42,9 @@ class LLM:
                 raise ValueError(f"got {len(params_list)} sampling_params for {len(prompt_list)} prompts")
         for spec in {params.structured_outputs for params in params_list} - {None}:
             self.engine.structured.submit(spec).result()  # a bad grammar raises ValueError before anything runs
-        request_ids: list[str] = []
-        try:
-            for prompt, params in zip(prompt_list, params_list, strict=True):
-                request_id = str(self._next_id)
-                self._next_id += 1
-                self.engine.add_request(request_id, prompt, params)
-                request_ids.append(request_id)
-        except Exception:
-            for request_id in request_ids:  # all or nothing: none of this call's prompts stays queued
-                self.engine.abort_request(request_id)
-            raise
+        request_ids = [str(self._next_id + i) for i in range(len(prompt_list))]
+        self._next_id += len(prompt_list)
+        self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True))
         return self._run(request_ids, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],

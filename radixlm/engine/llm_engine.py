@@ -23,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.outputs import SchedulerOutput
-from radixlm.core.scheduler import Scheduler, check_token_stop
+from radixlm.core.scheduler import Scheduler
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import RequestOutput
@@ -134,17 +134,33 @@ class LLMEngine:
             self._sequences[sequence.request.request_id] = (group, sequence)
         return sequences[0].request
 
+    def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
+                     arrival_time: float | None = None) -> None:
+        """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
+        are aborted before the error propagates."""
+        added: list[str] = []
+        try:
+            for request_id, prompt, params in requests:
+                self.add_request(request_id, prompt, params, priority=priority, arrival_time=arrival_time)
+                added.append(request_id)
+        except Exception:
+            for request_id in added:
+                self.abort_request(request_id)
+            raise
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort every live sequence of a request; returns its final output, or None if it was not live."""
         group = self._groups.get(request_id)
-        if group is None:
-            return None
+        return None if group is None else self._abort_group(group)
+
+    def _abort_group(self, group: SequenceGroup, stop_reason: str | None = None) -> RequestOutput:
+        """Finish every live sequence of `group` as aborted (freeing what the scheduler holds) and forget it."""
         for sequence in group.sequences:
             if sequence.finished:
                 continue
-            if not self.scheduler.abort(sequence.request.request_id):  # not forked yet: never scheduled
+            if not self.scheduler.abort(sequence.request.request_id):  # not forked or not queued yet
                 sequence.request.transition(RequestStatus.FINISHED_ABORTED)
-            sequence.finish_reason = "abort"
+            sequence.finish_reason, sequence.stop_reason = "abort", stop_reason
             group.changed.add(sequence.index)
         group.unforked = []
         output = group.make_output()
@@ -166,7 +182,7 @@ class LLMEngine:
         failed = self._admit_compiled_grammars()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
-            if self.grammars.has_waiting:
+            if self.grammars.num_waiting:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
         positions = prompt_logits_positions(scheduler_output, self._sequences)
@@ -195,21 +211,14 @@ class LLMEngine:
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:
         """Schedule the requests whose grammar compiled since the last step; end those whose grammar failed."""
-        if not self.grammars.has_waiting:
+        if not self.grammars.num_waiting:
             return []
         ready, failed = self.grammars.take_compiled()
         for group in ready:  # admitted against the queue limit when added
             self.scheduler.add_request(group.first.request, check_queue_limit=False)
-        outputs = []
         for group, error in failed:
             logger.warning("request %s: %s", group.request_id, error)
-            for sequence in group.sequences:
-                sequence.request.transition(RequestStatus.FINISHED_ABORTED)
-                sequence.finish_reason, sequence.stop_reason = "abort", str(error)
-                group.changed.add(sequence.index)
-            group.unforked = []
-            outputs += self._outputs([group])
-        return outputs
+        return [self._abort_group(group, str(error)) for group, error in failed]
 
     def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
         """Start the unforked sequences of groups whose first sequence samples its first token in this step."""
@@ -234,11 +243,7 @@ class LLMEngine:
         """Give forked sequences their first token (what `update_from_output` does for scheduled ones)."""
         now = time.monotonic()
         for child, token_id in zip(children, token_ids, strict=True):
-            child.append_output_token(token_id)
-            child.record_token_time(now)
-            stop = check_token_stop(child, self.max_model_len)
-            if stop is not None:
-                self.scheduler.finish_request(child, *stop)
+            self.scheduler.append_token(child, token_id, now)
         return children
 
     def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:

@@ -58,7 +58,3 @@ class StructuredOutputs:
         for row, matcher in zip(rows, matchers, strict=True):
             matcher.fill_bitmask(self._bitmask, row)
         backend.apply_bitmask(logits, self._bitmask, rows)
-
-    def shutdown(self) -> None:
-        if self._cache is not None:
-            self._cache.shutdown()
