@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
 def num_blocks_for_budget(kv_cache_memory: float | str, bytes_per_block: int) -> int:

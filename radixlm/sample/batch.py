@@ -28,6 +28,7 @@ class SamplingBatch:
     greedy_rows: torch.Tensor  # temperature 0: exact argmax
     random_rows: torch.Tensor
     temperatures: torch.Tensor  # [R] of the random rows
+    unit_temperatures: bool  # every temperature in `temperatures` is exactly 1: dividing by them changes nothing
     min_p_logs: torch.Tensor  # [R] ln(min_p), -inf where min_p is 0: the min_p cut in logit space
     top_ks: torch.Tensor  # [R], 0 = off
     top_ps: torch.Tensor  # [R], 1 = off
@@ -60,11 +61,13 @@ class SamplingBatch:
         bias = [(row, token_id, value) for row, p in enumerate(params) for token_id, value in p.logit_bias or ()]
         bans = [(row, token_id, r.sampling_params.min_tokens) for row, r in enumerate(requests)
                 if r.sampling_params.min_tokens > 0 for token_id in sorted(banned_until_min_tokens(r))]
+        temperatures = torch.tensor([p.temperature for p in random_params], dtype=torch.float32)
         return cls(
             num_rows=len(requests),
             greedy_rows=_rows(greedy),
             random_rows=_rows([not g for g in greedy]),
-            temperatures=torch.tensor([p.temperature for p in random_params], dtype=torch.float32),
+            temperatures=temperatures,
+            unit_temperatures=bool((temperatures == 1.0).all()),
             min_p_logs=torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in random_params],
                                     dtype=torch.float32),
             top_ks=torch.tensor([p.top_k for p in random_params], dtype=torch.long),
@@ -86,9 +89,10 @@ class SamplingBatch:
                               if w],
         )
 
-    @property
-    def all_random(self) -> bool:
-        return len(self.random_rows) == self.num_rows
+    def rows_of(self, tensor: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """`tensor[rows]` for one of the `*_rows` of this batch, without copying when `rows` holds every row (the
+        `*_rows` are ascending and distinct, so then they are 0..num_rows-1 in order and `tensor` is the answer)."""
+        return tensor if len(rows) == self.num_rows else tensor[rows]
 
 
 def needs_token_logprob(request: Request) -> bool:

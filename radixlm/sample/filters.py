@@ -61,7 +61,8 @@ def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.
     row_max, top_ps = row_max[pending], top_ps[pending]
     base_cut = _top_k_cut(values, thresholds[pending], top_ks[pending])
     # Rows whose tokens above the min_p / top-k cut are not all candidates renormalise over their full row.
-    outside = (values[:, -1] >= base_cut) & (top_ps < 1.0) if size < vocab_size else torch.zeros_like(top_ps) > 0
+    outside = ((values[:, -1] >= base_cut) & (top_ps < 1.0) if size < vocab_size
+               else torch.zeros_like(top_ps, dtype=torch.bool))
     full_weights = None
     totals = torch.zeros_like(top_ps)
     if bool(outside.any()):
@@ -71,15 +72,15 @@ def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.
     done = (values[:, -1] < cut) if size < vocab_size else torch.ones_like(outside)
     groups = [Candidates(pending[done], token_ids[done], values[done], cut[done])] if bool(done.any()) else []
     # Not done: top-k's cut is exact whatever the candidates; top-p needs the histogram (those rows are outside).
+    # (Rows with top_p off already have cut == base_cut from `_top_p_cut_among`.)
     wide = ~done & (top_ps < 1.0)
-    if bool(wide.any()):
+    any_wide = bool(wide.any())
+    if any_wide:
         assert full_weights is not None
         full_weights = _take(full_weights, wide[outside])
         cut[wide] = nucleus_cut(_take(rows_z, wide), row_max[wide], base_cut[wide], top_ps[wide], full_weights)
-    cut[~done & (top_ps >= 1.0)] = base_cut[~done & (top_ps >= 1.0)]
     thresholds[pending] = cut
-    return Filtered(thresholds, groups, pending[wide], full_weights) if bool(wide.any()) else \
-        Filtered(thresholds, groups)
+    return Filtered(thresholds, groups, pending[wide], full_weights) if any_wide else Filtered(thresholds, groups)
 
 
 def _take(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,6 @@ class Sampler:
     """`sampler(logits, requests)`: row i of `logits` ([B, vocab] float32, modified in place) is `requests[i]`."""
 
     def __init__(self, vocab_size: int, num_candidates: int = NUM_CANDIDATES) -> None:
-        self.vocab_size = vocab_size
         self.num_candidates = num_candidates
         self.penalty_stats = PenaltyStats(vocab_size)
         self._batch: SamplingBatch | None = None
@@ -55,13 +54,13 @@ class Sampler:
         batch = self._batch_for(requests)
         raw_logprobs = None
         if len(batch.logprob_rows):
-            raw = logits if len(batch.logprob_rows) == batch.num_rows else logits[batch.logprob_rows]
-            raw_logprobs = torch.log_softmax(raw, dim=1)  # a new tensor: the logits are changed in place below
+            # a new tensor: the logits are changed in place below
+            raw_logprobs = torch.log_softmax(batch.rows_of(logits, batch.logprob_rows), dim=1)
         num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
         self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):
-            token_ids[batch.greedy_rows] = logits[batch.greedy_rows].argmax(1)
+            token_ids[batch.greedy_rows] = batch.rows_of(logits, batch.greedy_rows).argmax(1)
         if len(batch.random_rows):
             token_ids[batch.random_rows] = self._draw(logits, batch, num_outputs)
         logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
@@ -99,8 +98,9 @@ class Sampler:
 
     def _draw(self, logits: torch.Tensor, batch: SamplingBatch, num_outputs: torch.Tensor) -> torch.Tensor:
         """Stages 6-10 for the random rows."""
-        z = logits if batch.all_random else logits[batch.random_rows]
-        z.div_(batch.temperatures[:, None])
+        z = batch.rows_of(logits, batch.random_rows)
+        if not batch.unit_temperatures:
+            z.div_(batch.temperatures[:, None])
         row_max = z.amax(1)
         filtered = filter_thresholds(z, row_max, batch.min_p_logs, batch.top_ks, batch.top_ps, self.num_candidates)
         uniforms = stream_uniforms(batch.key_lows, batch.key_highs, num_outputs[batch.random_rows])
