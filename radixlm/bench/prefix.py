@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixlm.bench.workload import random_requests
+from radixlm.bench.workload import non_special_ids, random_requests
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.sampling_params import SamplingParams
 
@@ -57,15 +57,10 @@ def drive(engine: LLMEngine, initial: list[tuple[str, list[int]]], params: Sampl
     return stats
 
 
-def _vocab(engine: LLMEngine) -> list[int]:
-    special = set(engine.tokenizer.all_special_ids)
-    return [t for t in range(len(engine.tokenizer)) if t not in special]
-
-
 def multi_turn(engine: LLMEngine, num_users: int, num_rounds: int, first_len: int, turn_len: int,
                output_len: int, seed: int) -> RunStats:
     rng = random.Random(seed)
-    vocab = _vocab(engine)
+    vocab = non_special_ids(engine.tokenizer)
 
     def words(n: int) -> list[int]:
         return [rng.choice(vocab) for _ in range(n)]
@@ -84,7 +79,7 @@ def multi_turn(engine: LLMEngine, num_users: int, num_rounds: int, first_len: in
 def shared_prefix(engine: LLMEngine, num_groups: int, num_questions: int, prefix_len: int, question_len: int,
                   output_len: int, seed: int) -> RunStats:
     rng = random.Random(seed)
-    vocab = _vocab(engine)
+    vocab = non_special_ids(engine.tokenizer)
     initial = []
     for group in range(num_groups):
         prefix = [rng.choice(vocab) for _ in range(prefix_len)]

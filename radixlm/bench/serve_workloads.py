@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from radixlm.bench.workload import random_requests
+from radixlm.bench.workload import non_special_ids, random_requests
 
 WORKLOADS = ("random", "shared-prefix", "multi-turn")
 QUESTIONS_PER_PREFIX = 8
@@ -39,14 +39,9 @@ class WorkloadSpec:
     seed: int
 
 
-def _vocab(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    special = set(tokenizer.all_special_ids)
-    return [token_id for token_id in range(len(tokenizer)) if token_id not in special]
-
-
 def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: WorkloadSpec) -> list[Session]:
     rng = random.Random(f"{name}-{spec.seed}")
-    vocab = _vocab(tokenizer)
+    vocab = non_special_ids(tokenizer)
 
     def tokens(length: int) -> list[int]:
         return [rng.choice(vocab) for _ in range(length)]

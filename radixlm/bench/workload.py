@@ -27,7 +27,12 @@ def random_requests(tokenizer: PreTrainedTokenizerBase, num_prompts: int, input_
                     output_len: tuple[int, int], seed: int) -> list[BenchRequest]:
     """Prompts of uniformly random non-special token ids; lengths uniform within the ranges."""
     rng = random.Random(seed)
-    special = set(tokenizer.all_special_ids)
-    vocab = [token_id for token_id in range(len(tokenizer)) if token_id not in special]
+    vocab = non_special_ids(tokenizer)
     return [BenchRequest([rng.choice(vocab) for _ in range(rng.randint(*input_len))], rng.randint(*output_len))
             for _ in range(num_prompts)]
+
+
+def non_special_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every token id of the tokenizer except its special ones: what random prompts are drawn from."""
+    special = set(tokenizer.all_special_ids)
+    return [token_id for token_id in range(len(tokenizer)) if token_id not in special]
