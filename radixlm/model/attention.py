@@ -62,8 +62,7 @@ def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache:
     # Fold the query heads that share a KV head into the "sequence" axis: [B, Hkv, rep, D].
     q = q.transpose(0, 1).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     outs = []
-    for index in range(batch):
-        where = group.slots(index, sliding_window)
+    for index, where in enumerate(group.all_slots(sliding_window)):
         keys = _read(key_cache, where).transpose(0, 1)[None]  # [1, Hkv, L, D]
         values = _read(value_cache, where).transpose(0, 1)[None]
         outs.append(_attention(q[index:index + 1], keys, values, None, scaling, softcap, causal=False))

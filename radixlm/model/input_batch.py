@@ -27,19 +27,29 @@ class DecodeGroup:
 
     query_rows: torch.Tensor     # [B] rows of the packed batch
     context_lens: list[int]      # [B]
-    first_slots: list[int | None]  # [B] slot of position 0 when the whole context is one run of slots
-    scattered_slots: dict[int, torch.Tensor]  # index -> slots of positions 0..L-1, for the other requests
+    contexts: list[slice | torch.Tensor]  # [B] slots of positions 0..L-1: a slice when they are one run
     rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
+    _windowed: dict[int | None, list[slice | torch.Tensor]] = field(default_factory=dict)
 
     def slots(self, index: int, sliding_window: int | None) -> torch.Tensor | slice:
         """Slots request `index` attends to (its whole context, or the last `sliding_window` positions): a slice
         of the cache when they are contiguous, else a tensor of slot indices to gather."""
-        length = self.context_lens[index]
-        start = 0 if sliding_window is None else max(0, length - sliding_window)
-        first = self.first_slots[index]
-        if first is not None:
-            return slice(first + start, first + length)
-        return self.scattered_slots[index][start:length]
+        return self.all_slots(sliding_window)[index]
+
+    def all_slots(self, sliding_window: int | None) -> list[slice | torch.Tensor]:
+        """`slots(i, sliding_window)` for every request, computed once per step (every layer reads them)."""
+        if sliding_window not in self._windowed:
+            self._windowed[sliding_window] = [_window(context, length, sliding_window)
+                                              for context, length in zip(self.contexts, self.context_lens, strict=True)]
+        return self._windowed[sliding_window]
+
+
+def _window(context: slice | torch.Tensor, length: int, sliding_window: int | None) -> slice | torch.Tensor:
+    if sliding_window is None or sliding_window >= length:
+        return context
+    if isinstance(context, slice):
+        return slice(context.stop - sliding_window, context.stop)
+    return context[length - sliding_window:]
 
 
 @dataclass
@@ -93,35 +103,43 @@ class InputBatch:
         """`extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
         `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs)."""
         block_size = kv_cache.block_size
-        chunks = output.chunks
-        max_blocks = max(len(chunk.block_table) for chunk in chunks)
-        block_tables = torch.tensor([c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks],
-                                    dtype=torch.long)
         token_ids: list[int] = []
         positions: list[int] = []
-        chunk_of_token: list[int] = []
+        slots: list[int] = []  # where each new token's K/V go
         logits_rows: list[int] = []
         extra_logits_rows: list[int] = []
         extra_rows: dict[str, slice] = {}
-        for index, chunk in enumerate(chunks):
+        decode_rows: list[int] = []
+        decode_lens: list[int] = []
+        decode_contexts: list[slice | torch.Tensor] = []
+        prefills: list[PrefillSegment] = []
+        for chunk in output.chunks:
             chunk_row = len(token_ids)
+            start, context_len = chunk.start_position, chunk.context_len
             token_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_position, chunk.context_len))
-            chunk_of_token.extend([index] * chunk.num_tokens)
+            positions.extend(range(start, context_len))
+            context = _context_slots(chunk.block_table, context_len, block_size)
+            slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
+                         else context[start:].tolist())
+            if chunk.num_tokens == 1:
+                decode_rows.append(chunk_row)
+                decode_lens.append(context_len)
+                decode_contexts.append(context)
+            else:
+                prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
+                                               context_slots=context if start > 0 else None, context_len=context_len))
             if chunk.samples:
                 logits_rows.append(len(token_ids) - 1)
             if extra_logits_positions and chunk.request_id in extra_logits_positions:
                 first, end = extra_logits_positions[chunk.request_id]
-                assert chunk.start_position <= first <= end <= chunk.context_len, (chunk, first, end)
+                assert start <= first <= end <= context_len, (chunk, first, end)
                 extra_rows[chunk.request_id] = slice(len(extra_logits_rows), len(extra_logits_rows) + end - first)
-                extra_logits_rows.extend(range(chunk_row + first - chunk.start_position,
-                                               chunk_row + end - chunk.start_position))
+                extra_logits_rows.extend(range(chunk_row + first - start, chunk_row + end - start))
+        decode = DecodeGroup(query_rows=torch.tensor(decode_rows), context_lens=decode_lens, contexts=decode_contexts,
+                             rows_are_prefix=decode_rows == list(range(len(decode_rows)))) if decode_rows else None
+        metadata = AttentionMetadata(kv_cache=kv_cache, slot_mapping=torch.tensor(slots, dtype=torch.long),
+                                     decode=decode, prefills=prefills)
         position_tensor = torch.tensor(positions, dtype=torch.long)
-        token_blocks = block_tables[torch.tensor(chunk_of_token), position_tensor // block_size]
-        slot_mapping = token_blocks * block_size + position_tensor % block_size
-        metadata = AttentionMetadata(kv_cache=kv_cache, slot_mapping=slot_mapping,
-                                     decode=_decode_group(output, block_tables, block_size),
-                                     prefills=_prefill_segments(output, block_tables, block_size))
         return cls(input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=position_tensor[None],
                    logits_indices=torch.tensor(logits_rows + extra_logits_rows, dtype=torch.long),
                    attn_metadata=metadata, num_sampled_rows=len(logits_rows), extra_rows=extra_rows)
@@ -132,50 +150,16 @@ def _first_slot_if_contiguous(block_table: list[int], context_len: int, block_si
     are one slice of the cache and attention reads them without a gather; see BlockPool)."""
     num_blocks = cdiv(context_len, block_size)
     first = block_table[0]
-    if block_table[num_blocks - 1] - first != num_blocks - 1:
-        return None
-    if any(block_table[i] != first + i for i in range(1, num_blocks - 1)):
+    if block_table[:num_blocks] != list(range(first, first + num_blocks)):  # compared in C
         return None
     return first * block_size
 
 
-def _context_slots(block_rows: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
-    """Slots of positions 0..context_len-1 for block-table rows `[B, max_blocks]` -> `[B, context_len]`."""
+def _context_slots(block_table: list[int], context_len: int, block_size: int) -> slice | torch.Tensor:
+    """Slots of positions 0..context_len-1: a slice of the cache when they are one run, else a tensor to gather."""
+    first = _first_slot_if_contiguous(block_table, context_len, block_size)
+    if first is not None:
+        return slice(first, first + context_len)
     positions = torch.arange(context_len)
-    return block_rows[:, positions // block_size] * block_size + positions % block_size
-
-
-def _decode_group(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> DecodeGroup | None:
-    rows, lens, first_slots = [], [], []
-    scattered: dict[int, torch.Tensor] = {}
-    row = 0
-    for index, chunk in enumerate(output.chunks):
-        if chunk.num_tokens == 1:
-            first = _first_slot_if_contiguous(chunk.block_table, chunk.context_len, block_size)
-            if first is None:
-                scattered[len(rows)] = _context_slots(block_tables[index:index + 1], chunk.context_len,
-                                                      block_size)[0]
-            rows.append(row)
-            lens.append(chunk.context_len)
-            first_slots.append(first)
-        row += chunk.num_tokens
-    if not rows:
-        return None
-    return DecodeGroup(query_rows=torch.tensor(rows), context_lens=lens, first_slots=first_slots,
-                       scattered_slots=scattered, rows_are_prefix=rows == list(range(len(rows))))
-
-
-def _prefill_segments(output: SchedulerOutput, block_tables: torch.Tensor, block_size: int) -> list[PrefillSegment]:
-    segments = []
-    row = 0
-    for index, chunk in enumerate(output.chunks):
-        if chunk.num_tokens > 1:
-            slots: torch.Tensor | slice | None = None
-            if chunk.start_position > 0:
-                first = _first_slot_if_contiguous(chunk.block_table, chunk.context_len, block_size)
-                slots = slice(first, first + chunk.context_len) if first is not None else \
-                    _context_slots(block_tables[index:index + 1], chunk.context_len, block_size)[0]
-            segments.append(PrefillSegment(start=row, num_queries=chunk.num_tokens, context_slots=slots,
-                                           context_len=chunk.context_len))
-        row += chunk.num_tokens
-    return segments
+    blocks = torch.tensor(block_table[:cdiv(context_len, block_size)], dtype=torch.long)
+    return blocks[positions // block_size] * block_size + positions % block_size
