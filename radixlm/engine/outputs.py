@@ -6,6 +6,9 @@ Contract (shared by the offline API and the server):
   cumulative `text` / `token_ids` / `logprobs` and the `delta_*` part added by this step.
 - `RequestOutput.finished` is true once every sequence of the request has finished; the offline API collects
   the final state of every index.
+- A request that failed (an exception that belongs to it: its sampling row, grammar, text, callback, or the forward
+  of its batch) is finished with `finish_reason="error"` on its sequences and the message in `RequestOutput.error`;
+  the server answers 500 (or an SSE error event, then `[DONE]`) with that message. Other requests go on.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort" or None while running
+    finish_reason: str | None = None  # "stop", "length", "abort", "error" or None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
@@ -67,3 +70,4 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # first position None, as in vLLM
+    error: str | None = None  # why the request failed (its sequences finish with "error"); None otherwise
