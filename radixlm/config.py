@@ -85,7 +85,9 @@ class SchedulerConfig:
     lpm_fallback_queue_len: int = field(default=128, metadata=_help(
         "lpm falls back to fcfs when more requests than this are waiting"))
     max_queued_requests: int | None = field(default=None, metadata=_help(
-        "waiting requests beyond this are refused (HTTP 429)"))
+        "waiting requests beyond this are refused (HTTP 429; a request with more prompts than this: 400)"))
+    max_sequences_per_request: int = field(default=64, metadata=_help(
+        "most sequences one request may ask for (n, best_of); also capped by --max-num-seqs"))
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -98,6 +100,8 @@ class SchedulerConfig:
             raise ValueError(f"lpm_fallback_queue_len must be >= 0, got {self.lpm_fallback_queue_len}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.max_sequences_per_request < 1:
+            raise ValueError(f"max_sequences_per_request must be >= 1, got {self.max_sequences_per_request}")
 
 
 @dataclass(frozen=True)

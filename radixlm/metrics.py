@@ -123,6 +123,8 @@ class EngineMetrics:
 
 
 def _finish_reason(output: RequestOutput) -> str:
-    """One reason per request: abort if any sequence was aborted, else the reason of the last one to finish."""
+    """One reason per request: error or abort if any sequence ended so, else the reason of the last one to finish."""
+    if output.error is not None:
+        return "error"
     reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
     return "abort" if "abort" in reasons else (reasons[-1] if reasons else "stop")

@@ -23,6 +23,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"  # an exception that belongs to this request ended it; the others go on
 
     @property
     def is_finished(self) -> bool:
@@ -30,18 +31,20 @@ class RequestStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """OpenAI's finish_reason for a finished status: "stop", "length" or "abort"."""
+        """The finish_reason of a finished status: "stop", "length", "abort" or "error" (not OpenAI's: the server
+        answers a failed request with an error, never with this reason)."""
         return _FINISH_REASONS.get(self)
 
 
 _FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                       RequestStatus.FINISHED_ABORTED})
+                       RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR})
 _FINISH_REASONS = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
-                   RequestStatus.FINISHED_ABORTED: "abort"}
+                   RequestStatus.FINISHED_ABORTED: "abort", RequestStatus.FINISHED_ERROR: "error"}
+_ENDED_FROM_ANY_STATE = frozenset({RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR})
 _ALLOWED_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
-    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED}),
+    RequestStatus.WAITING: frozenset({RequestStatus.RUNNING, *_ENDED_FROM_ANY_STATE}),
     RequestStatus.RUNNING: frozenset({RequestStatus.PREEMPTED, *_FINISHED}),
-    RequestStatus.PREEMPTED: frozenset({RequestStatus.WAITING, RequestStatus.FINISHED_ABORTED}),
+    RequestStatus.PREEMPTED: frozenset({RequestStatus.WAITING, *_ENDED_FROM_ANY_STATE}),
 }
 
 

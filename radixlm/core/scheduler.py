@@ -65,12 +65,13 @@ class Scheduler:
         if check_queue_limit and limit is not None and num_waiting >= limit:
             raise QueueFullError(f"{num_waiting} requests are waiting (max_queued_requests={limit})")
 
-    def abort(self, request_id: str) -> bool:
-        """Abort a waiting, running or preempted request and free its blocks; False if it is not live."""
+    def abort(self, request_id: str, status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> bool:
+        """End a waiting, running or preempted request early (aborted, or failed with FINISHED_ERROR) and free its
+        blocks; False if it is not live."""
         request = self.requests.get(request_id)
         if request is None:
             return False
-        self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        self.finish_request(request, status)
         return True
 
     def finish_request(self, request: Request, status: RequestStatus, stop_reason: int | str | None = None) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -31,15 +31,19 @@ from radixlm.engine.prompt_logprobs import prompt_logits_positions, record_promp
 from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
 from radixlm.engine.text_stream import TextStream
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
-from radixlm.model.runner import ModelRunner
+from radixlm.model.runner import ModelRunner, RunnerOutput
 from radixlm.request import Request, RequestStatus
+from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sample.rng import mix_seed
-from radixlm.sample.sampler import Sampler, SamplerOutput
+from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
 
 logger = logging.getLogger(__name__)
+
+# This many forward passes failing in a row mean the device (or the model) is broken, not a request.
+MAX_FORWARD_FAILURES = 3
 
 
 class LLMEngine:
@@ -63,6 +67,7 @@ class LLMEngine:
         self._arrival_counter = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}
         self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
+        self._num_failed_forwards = 0  # in a row
 
     def _max_model_len(self) -> int:
         limits = [self.runner.kv_cache.num_slots]
@@ -93,7 +98,19 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}), got {bad[0]!r}")
         return token_ids
 
+    @property
+    def max_sequences_per_request(self) -> int:
+        """The most sequences (n, best_of) one request may ask for."""
+        scheduler = self.config.scheduler
+        return min(scheduler.max_sequences_per_request, scheduler.max_num_seqs)
+
     def _check_params(self, params: SamplingParams) -> None:
+        """Checks that need the engine's configuration; runs before anything is built for the request."""
+        limit = self.max_sequences_per_request
+        if params.num_sequences > limit:
+            name = "n" if params.best_of is None or params.best_of == params.n else "best_of"
+            raise ValueError(f"{name} must be <= {limit} (--max-sequences-per-request, --max-num-seqs), got "
+                             f"{params.num_sequences}")
         vocab_size = self.runner.shape.vocab_size
         for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
                                 ("stop_token_ids", params.stop_token_ids)):
@@ -138,6 +155,11 @@ class LLMEngine:
                      arrival_time: float | None = None) -> None:
         """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
         are aborted before the error propagates."""
+        requests = list(requests)
+        limit = self.config.scheduler.max_queued_requests
+        if limit is not None and len(requests) > limit:
+            raise ValueError(f"prompt holds {len(requests)} prompts, but at most {limit} requests may wait "
+                             f"(--max-queued-requests): it could never be admitted whole")
         added: list[str] = []
         try:
             for request_id, prompt, params in requests:
@@ -151,21 +173,31 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort every live sequence of a request; returns its final output, or None if it was not live."""
         group = self._groups.get(request_id)
-        return None if group is None else self._abort_group(group)
+        return None if group is None else self._end_group(group, RequestStatus.FINISHED_ABORTED)
 
-    def _abort_group(self, group: SequenceGroup, stop_reason: str | None = None) -> RequestOutput:
-        """Finish every live sequence of `group` as aborted (freeing what the scheduler holds) and forget it."""
+    def _end_group(self, group: SequenceGroup, status: RequestStatus, error: str | None = None) -> RequestOutput:
+        """Finish every live sequence of `group` early with `status` (aborted, or failed with `error`), freeing
+        what the scheduler holds, and forget the group; returns its final output."""
         for sequence in group.sequences:
             if sequence.finished:
                 continue
-            if not self.scheduler.abort(sequence.request.request_id):  # not forked or not queued yet
-                sequence.request.transition(RequestStatus.FINISHED_ABORTED)
-            sequence.finish_reason, sequence.stop_reason = "abort", stop_reason
+            if not self.scheduler.abort(sequence.request.request_id, status):  # not forked or not queued yet
+                sequence.request.transition(status)
+            sequence.finish_reason, sequence.stop_reason = status.finish_reason, None
             group.changed.add(sequence.index)
         group.unforked = []
+        group.error = error
         output = group.make_output()
         self._forget(group)
         return output
+
+    def _fail(self, group: SequenceGroup, error: BaseException, phase: str, failed: list[RequestOutput]) -> None:
+        """An exception that belongs to `group`: end it alone in the error state; the engine goes on."""
+        if group.request_id not in self._groups:
+            return  # already ended in this step
+        message = f"{phase} failed: {type(error).__name__}: {error}"
+        logger.error("request %s: %s", group.request_id, message, exc_info=error)
+        failed.append(self._end_group(group, RequestStatus.FINISHED_ERROR, message))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
@@ -178,7 +210,13 @@ class LLMEngine:
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; returns an output for every request that has news (see `engine/outputs.py`)."""
+        """Run one scheduling step; returns an output for every request that has news (see `engine/outputs.py`).
+
+        Fault isolation: an exception that belongs to one request (its sampling row, prompt logprobs, grammar, text)
+        ends that request alone with finish_reason "error"; one in the forward ends the requests of the batch.
+        The others go on. Anything else (the scheduler, the invariants, `MAX_FORWARD_FAILURES` forwards failing in
+        a row: a broken device) raises: the engine cannot go on.
+        """
         failed = self._admit_compiled_grammars()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
@@ -186,39 +224,91 @@ class LLMEngine:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
         positions = prompt_logits_positions(scheduler_output, self._sequences)
-        result = self.runner.execute(scheduler_output, positions)
-        record_prompt_logprobs(result.prompt_logits, positions, self._sequences, self.logprob_formatter)
+        result = self._forward(scheduler_output, positions, failed)
+        if result is None:
+            return failed
+        updated = self._sample_and_update(scheduler_output, result.logits, failed)
+        for request_id, (first, end) in positions.items():
+            if request_id in self._sequences:
+                group = self._sequences[request_id][0]
+                self._guarded([group], "prompt logprobs", failed, record_prompt_logprobs, group,
+                              result.prompt_logits[request_id], first, end, self.logprob_formatter)
+        touched: dict[str, SequenceGroup] = {}
+        for request, logprobs in updated:
+            if request.request_id not in self._sequences:
+                continue  # failed in this step
+            group, sequence = self._sequences[request.request_id]
+            if self._guarded([group], "detokenizing or stop checks", failed, self._record_token, sequence, logprobs):
+                group.changed.add(sequence.index)
+                touched[group.request_id] = group
+        return failed + self._outputs(touched.values())
+
+    def _forward(self, scheduler_output: SchedulerOutput, positions: dict[str, tuple[int, int]],
+                 failed: list[RequestOutput]) -> RunnerOutput | None:
+        """The model's forward; if it raises, every request of the batch fails (None is returned)."""
+        try:
+            result = self.runner.execute(scheduler_output, positions)
+        except Exception as error:
+            self._num_failed_forwards += 1
+            if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
+                raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
+            for chunk in scheduler_output.chunks:
+                self._fail(self._sequences[chunk.request_id][0], error, "the forward pass", failed)
+            self.check_invariants()
+            return None
+        self._num_failed_forwards = 0
+        return result
+
+    def _sample_and_update(self, scheduler_output: SchedulerOutput, logits: torch.Tensor,
+                           failed: list[RequestOutput]) -> list[tuple[Request, TokenLogprobs | None]]:
+        """Sample every sampling row (forked children included), append the tokens, run grammars; returns the
+        requests that received a token with their logprobs."""
         parents = [self.scheduler.requests[rid] for rid in scheduler_output.sampling_request_ids]
+        if not parents:
+            self.scheduler.update_from_output(scheduler_output, [])
+            return []
         children, child_rows = self._fork_children(scheduler_output)
-        logits = result.logits
         if children:
             logits = logits[torch.tensor(list(range(len(parents))) + child_rows)]
         rows = parents + children
-        sampled = self.sampler(logits, rows, self.grammars.mask_function(rows)) if parents else SamplerOutput([], [])
+        sampled, errors = sample_isolated(self.sampler, logits, rows, self.grammars.mask_function)
+        for row, error in errors.items():
+            self._fail(self._sequences[rows[row].request_id][0], error, "sampling", failed)
         updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
         updated += self._start_children(children, sampled.token_ids[len(parents):])
+        token_logprobs = {r.request_id: lp for r, lp in zip(rows, sampled.logprobs, strict=True)}
         for request in updated:
-            if self.grammars.accept(request) and not request.is_finished:
-                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
-        token_logprobs = {r.request_id: lp for r, lp in zip(parents + children, sampled.logprobs, strict=True)}
-        touched: dict[str, SequenceGroup] = {}
-        for request in updated:
-            group, sequence = self._sequences[request.request_id]
-            self._record_token(sequence, token_logprobs[request.request_id])
-            group.changed.add(sequence.index)
-            touched[group.request_id] = group
-        return failed + self._outputs(touched.values())
+            if request.request_id in self._sequences:
+                self._guarded([self._sequences[request.request_id][0]], "the grammar", failed, self._accept_grammar,
+                              request)
+        return [(r, token_logprobs[r.request_id]) for r in updated if r.request_id in self._sequences]
+
+    def _accept_grammar(self, request: Request) -> None:
+        if self.grammars.accept(request) and not request.is_finished:
+            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
+
+    def _guarded(self, groups: list[SequenceGroup], phase: str, failed: list[RequestOutput],
+                 work: Callable[..., object], *args: object) -> bool:
+        """Run `work(*args)`; if it raises, the exception belongs to `groups`: they fail. True if it succeeded."""
+        try:
+            work(*args)
+        except Exception as error:
+            for group in groups:
+                self._fail(group, error, phase, failed)
+            return False
+        return True
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:
-        """Schedule the requests whose grammar compiled since the last step; end those whose grammar failed."""
+        """Schedule the requests whose grammar compiled since the last step; fail those whose grammar failed."""
         if not self.grammars.num_waiting:
             return []
-        ready, failed = self.grammars.take_compiled()
+        ready, failed_compiles = self.grammars.take_compiled()
         for group in ready:  # admitted against the queue limit when added
             self.scheduler.add_request(group.first.request, check_queue_limit=False)
-        for group, error in failed:
-            logger.warning("request %s: %s", group.request_id, error)
-        return [self._abort_group(group, str(error)) for group, error in failed]
+        failed: list[RequestOutput] = []
+        for group, error in failed_compiles:
+            self._fail(group, error, "compiling the grammar", failed)
+        return failed
 
     def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
         """Start the unforked sequences of groups whose first sequence samples its first token in this step."""
@@ -240,24 +330,19 @@ class LLMEngine:
         return children, rows
 
     def _start_children(self, children: list[Request], token_ids: list[int]) -> list[Request]:
-        """Give forked sequences their first token (what `update_from_output` does for scheduled ones)."""
+        """Give forked sequences their first token (what `update_from_output` does for scheduled ones); children
+        of a group that failed in this step are already finished."""
         now = time.monotonic()
+        started = [child for child in children if not child.is_finished]
         for child, token_id in zip(children, token_ids, strict=True):
-            self.scheduler.append_token(child, token_id, now)
-        return children
+            if not child.is_finished:
+                self.scheduler.append_token(child, token_id, now)
+        return started
 
     def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:
         """Logprobs, text and stop strings of the sequence's newest token; finishes it on a stop string."""
         request = sequence.request
-        if logprobs is not None:
-            sequence.cumulative_logprob += logprobs.logprob
-            if sequence.logprobs is not None:
-                sequence.logprobs.append(self.logprob_formatter.position(logprobs))
-        params = request.sampling_params
-        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
-        stop_string = None
-        if not stopped_by_token or params.include_stop_str_in_output:  # the stopping token's text is not shown
-            stop_string = sequence.text.add_token(request.last_token_id, request.num_output_tokens)
+        stop_string = sequence.add_token(logprobs, self.logprob_formatter)
         if stop_string is not None:
             if not request.is_finished:
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop_string)
@@ -268,6 +353,8 @@ class LLMEngine:
     def _outputs(self, groups: Iterable[SequenceGroup]) -> list[RequestOutput]:
         outputs = []
         for group in list(groups):
+            if group.request_id not in self._groups:
+                continue  # failed after it got its token: its output is already out
             output = group.make_output()
             if output is not None:
                 outputs.append(output)

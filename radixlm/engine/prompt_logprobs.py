@@ -38,12 +38,10 @@ def prompt_logits_positions(scheduler_output: SchedulerOutput, sequences: Sequen
     return positions
 
 
-def record_prompt_logprobs(prompt_logits: dict[str, torch.Tensor], positions: dict[str, tuple[int, int]],
-                           sequences: SequenceIndex, formatter: LogprobFormatter) -> None:
-    """Append the logprobs of the positions computed this step to each group's `prompt_logprobs`."""
-    for request_id, (first, end) in positions.items():
-        group, _ = sequences[request_id]
-        assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
-        entries = prompt_logprobs(prompt_logits[request_id], group.prompt_token_ids[first + 1:end + 1],
-                                  group.params.prompt_logprobs)
-        group.prompt_logprobs += [formatter.position(entry) for entry in entries]
+def record_prompt_logprobs(group: SequenceGroup, logits: torch.Tensor, first: int, end: int,
+                           formatter: LogprobFormatter) -> None:
+    """Append the logprobs of prompt positions `first .. end - 1`, computed this step (`logits` holds their rows),
+    to the group's `prompt_logprobs`."""
+    assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
+    entries = prompt_logprobs(logits, group.prompt_token_ids[first + 1:end + 1], group.params.prompt_logprobs)
+    group.prompt_logprobs += [formatter.position(entry) for entry in entries]

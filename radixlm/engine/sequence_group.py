@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.engine.text_stream import TextStream
-from radixlm.request import Request
+from radixlm.request import Request, RequestStatus
+from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sampling_params import SamplingParams
 
 
@@ -39,6 +41,18 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def add_token(self, logprobs: TokenLogprobs | None, formatter: LogprobFormatter) -> str | None:
+        """Logprobs and text of the request's newest token; returns the stop string it completed, if any."""
+        request = self.request
+        if logprobs is not None:
+            self.cumulative_logprob += logprobs.logprob
+            if self.logprobs is not None:
+                self.logprobs.append(formatter.position(logprobs))
+        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
+        if stopped_by_token and not request.sampling_params.include_stop_str_in_output:
+            return None  # the stopping token's text is not shown
+        return self.text.add_token(request.last_token_id, request.num_output_tokens)
+
     def completion(self, index: int, finished_text: bool) -> CompletionOutput:
         """The cumulative state, with the part not reported before as `delta_*`."""
         token_ids = self.request.output_token_ids
@@ -48,7 +62,8 @@ class Sequence:
             self.num_reported_logprobs = len(self.logprobs)
         delta_token_ids = token_ids[self.num_reported_tokens:]
         self.num_reported_tokens = len(token_ids)
-        delta_text = self.text.take_delta(finished_text)  # first: finishing may add held-back bytes to the text
+        # First: finishing may add held-back bytes to the text. A failed sequence's text may be what failed.
+        delta_text = "" if self.finish_reason == "error" else self.text.take_delta(finished_text)
         return CompletionOutput(
             index=index, text=self.text.text, token_ids=token_ids, finish_reason=self.finish_reason,
             stop_reason=self.stop_reason, delta_text=delta_text, delta_token_ids=delta_token_ids,
@@ -66,6 +81,7 @@ class SequenceGroup:
     unforked: list[Sequence]  # sequences 1.. until sequence 0 samples its first token
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # grows as prompt positions are computed
     changed: set[int] = field(default_factory=set)  # indices of sequences with news since the last output
+    error: str | None = None  # why the request failed (its sequences finished with "error")
 
     @property
     def first(self) -> Sequence:
@@ -103,6 +119,6 @@ class SequenceGroup:
                                  num_preemptions=sum(s.request.num_preemptions for s in self.sequences))
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                              outputs=completions, finished=finished, metrics=metrics,
-                             num_cached_tokens=first.num_cached_tokens,
+                             num_cached_tokens=first.num_cached_tokens, error=self.error,
                              prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs_done and
                              self.prompt_logprobs is not None else None)

@@ -1,0 +1,42 @@
+"""Sampling with per-row fault isolation: an exception raised for one row (its parameters, its grammar mask, a
+numerical corner) must cost that row's request alone, never the batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from radixlm.request import Request
+from radixlm.sample.sampler import Sampler, SamplerOutput
+
+MaskFor = Callable[[list[Request]], Callable[[torch.Tensor], None] | None]
+
+
+def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[Request],
+                    mask_for: MaskFor) -> tuple[SamplerOutput, dict[int, Exception]]:
+    """Sample every row in one batched call. If that raises, sample each row alone from the untouched logits, so
+    the rows that succeed get exactly the tokens the batched call gives them (every row's draw depends only on its
+    own logits, parameters and stream). Returns the output (rows that failed hold token -1 and no logprobs) and the
+    exception of each failed row.
+
+    `logits` is not modified; `mask_for(rows)` returns the grammar masking stage for those rows (or None).
+    """
+    try:
+        return sampler(logits.clone(), requests, mask_for(requests)), {}
+    except Exception:  # find the rows it belongs to
+        pass
+    token_ids: list[int] = []
+    logprobs = []
+    errors: dict[int, Exception] = {}
+    for row, request in enumerate(requests):
+        try:
+            single = sampler(logits[row:row + 1].clone(), [request], mask_for([request]))
+        except Exception as error:
+            errors[row] = error
+            token_ids.append(-1)
+            logprobs.append(None)
+            continue
+        token_ids += single.token_ids
+        logprobs += single.logprobs
+    return SamplerOutput(token_ids, logprobs), errors
