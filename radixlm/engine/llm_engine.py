@@ -11,7 +11,6 @@ wrote it) and each draws its own first token from the same logits row, with its 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -24,18 +23,17 @@ from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler
+from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.prompt_logprobs import prompt_logits_positions, record_prompt_logprobs
 from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
-from radixlm.engine.text_stream import TextStream
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner, RunnerOutput
 from radixlm.request import Request, RequestStatus
 from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import TokenLogprobs
-from radixlm.sample.rng import mix_seed
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
@@ -54,70 +52,23 @@ class LLMEngine:
         model_dir = resolve_model_dir(config.model.model)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_dir)
         self.runner = ModelRunner(model_dir, config.model, config.cache)
-        self.max_model_len = self._max_model_len()
+        self.max_model_len = max_model_len(config.model.max_model_len, self.runner.kv_cache.num_slots,
+                                           self.runner.shape.max_position_embeddings)
         kv_cache_manager = KVCacheManager(self.runner.kv_cache.num_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len)
         self.sampler = Sampler(self.runner.shape.vocab_size)
-        self.eos_token_ids = self._eos_token_ids()
+        self.eos_token_ids = eos_token_ids(self.runner.model, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
         self.structured = StructuredOutputs(self.tokenizer, self.runner.shape.vocab_size, sorted(self.eos_token_ids))
         self.grammars = GrammarTracker(self.structured)
-        self._arrival_counter = itertools.count()
+        self.admission = Admission(config, self.tokenizer, self.runner.shape.vocab_size, self.eos_token_ids)
         self._groups: dict[str, SequenceGroup] = {}
         self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
         self._num_failed_forwards = 0  # in a row
 
-    def _max_model_len(self) -> int:
-        limits = [self.runner.kv_cache.num_slots]
-        if self.runner.shape.max_position_embeddings:
-            limits.append(self.runner.shape.max_position_embeddings)
-        if self.config.model.max_model_len is not None:
-            limits.append(self.config.model.max_model_len)
-        max_model_len = min(limits)
-        if self.config.model.max_model_len and max_model_len < self.config.model.max_model_len:
-            logger.warning("max_model_len capped at %d tokens (KV cache capacity or model limit)", max_model_len)
-        return max_model_len
-
-    def _eos_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        for source in (self.runner.model.generation_config, self.runner.model.config, self.tokenizer):
-            value = getattr(source, "eos_token_id", None)
-            ids.update([value] if isinstance(value, int) else value or [])
-        return frozenset(ids)
-
     # -- requests ----------------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        token_ids = list(prompt)
-        vocab_size = self.runner.shape.vocab_size
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab_size}), got {bad[0]!r}")
-        return token_ids
-
-    @property
-    def max_sequences_per_request(self) -> int:
-        """The most sequences (n, best_of) one request may ask for."""
-        scheduler = self.config.scheduler
-        return min(scheduler.max_sequences_per_request, scheduler.max_num_seqs)
-
-    def _check_params(self, params: SamplingParams) -> None:
-        """Checks that need the engine's configuration; runs before anything is built for the request."""
-        limit = self.max_sequences_per_request
-        if params.num_sequences > limit:
-            name = "n" if params.best_of is None or params.best_of == params.n else "best_of"
-            raise ValueError(f"{name} must be <= {limit} (--max-sequences-per-request, --max-num-seqs), got "
-                             f"{params.num_sequences}")
-        vocab_size = self.runner.shape.vocab_size
-        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
-                                ("stop_token_ids", params.stop_token_ids)):
-            outside = [t for t in token_ids or () if t >= vocab_size]  # type: ignore[union-attr]
-            if outside:
-                raise ValueError(f"{name} holds token id {outside[0]}, outside the vocabulary [0, {vocab_size})")
-
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None) -> Request:
         """Tokenize and queue a request (all its sequences); raises ValueError for one that can never run.
@@ -125,31 +76,20 @@ class LLMEngine:
         Returns the scheduler request of its first sequence.
         """
         params = params or SamplingParams()
-        self._check_params(params)
+        self.admission.check_params(params)
         ids = [sequence_id(request_id, i) for i in range(params.num_sequences)]
         taken = [i for i in [request_id, *ids] if i in self._groups or i in self._sequences]
         if taken:
             raise ValueError(f"request_id {taken[0]!r} is already in use")
-        prompt_token_ids = self.tokenize(prompt)
-        arrival_order = next(self._arrival_counter)
-        seed = params.seed if params.seed is not None else mix_seed(self.config.model.seed, arrival_order)
-        sequences = []
-        for index, seq_id in enumerate(ids):
-            request = Request(seq_id, prompt_token_ids, params, eos_token_ids=self.eos_token_ids,
-                              arrival_order=arrival_order, priority=priority, arrival_time=arrival_time,
-                              sampling_seed=seed + index)
-            sequences.append(Sequence(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
-                                      [] if params.logprobs is not None else None))
-        group = SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
-                              sequences, unforked=sequences[1:],
-                              prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
-        self.scheduler.check_admissible(sequences[0].request, num_pending=self.grammars.num_waiting)
+        group = self.admission.build_group(request_id, prompt, params, priority, arrival_time)
+        first = group.first.request
+        self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
         if params.structured_outputs is None or self.grammars.submit(group):
-            self.scheduler.add_request(sequences[0].request)
+            self.scheduler.add_request(first)
         self._groups[request_id] = group
-        for sequence in sequences:
+        for sequence in group.sequences:
             self._sequences[sequence.request.request_id] = (group, sequence)
-        return sequences[0].request
+        return first
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
                      arrival_time: float | None = None) -> None:

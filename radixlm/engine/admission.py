@@ -1,0 +1,97 @@
+"""Admission: a user request checked against the engine's limits and built into its SequenceGroup.
+
+Every check that depends only on the request and the engine's configuration runs here, before anything is built
+for the request (a request asking for 10^9 sequences is refused without building one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence as Seq
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from radixlm.config import EngineConfig
+from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
+from radixlm.engine.text_stream import TextStream
+from radixlm.request import Request
+from radixlm.sample.rng import mix_seed
+from radixlm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def max_model_len(configured: int | None, num_kv_slots: int, max_position_embeddings: int | None) -> int:
+    """The longest prompt + output admitted: the configured value, capped by the KV cache capacity (so a lone
+    request always fits) and the model's positions."""
+    limits = [num_kv_slots, *([max_position_embeddings] if max_position_embeddings else [])]
+    if configured is not None:
+        limits.append(configured)
+    length = min(limits)
+    if configured and length < configured:
+        logger.warning("max_model_len capped at %d tokens (KV cache capacity or model limit)", length)
+    return length
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every end-of-sequence id the generation config, the model config or the tokenizer names."""
+    ids: set[int] = set()
+    for source in (model.generation_config, model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        ids.update([value] if isinstance(value, int) else value or [])
+    return frozenset(ids)
+
+
+class Admission:
+    """Builds the SequenceGroup of each new request; numbers arrivals (their order and unseeded random streams)."""
+
+    def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
+                 eos_token_ids: frozenset[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.engine_seed = config.model.seed
+        self.max_sequences_per_request = min(config.scheduler.max_sequences_per_request,
+                                             config.scheduler.max_num_seqs)
+        self._arrival_counter = itertools.count()
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise ValueError (naming the field) for parameters this engine cannot serve."""
+        limit = self.max_sequences_per_request
+        if params.num_sequences > limit:
+            name = "n" if params.best_of is None or params.best_of == params.n else "best_of"
+            raise ValueError(f"{name} must be <= {limit} (--max-sequences-per-request, --max-num-seqs), got "
+                             f"{params.num_sequences}")
+        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                                ("stop_token_ids", params.stop_token_ids)):
+            outside = [t for t in token_ids or () if t >= self.vocab_size]  # type: ignore[union-attr]
+            if outside:
+                raise ValueError(f"{name} holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
+
+    def tokenize(self, prompt: str | Seq[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        token_ids = list(prompt)
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
+        return token_ids
+
+    def build_group(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, priority: int,
+                    arrival_time: float | None) -> SequenceGroup:
+        """The group of a checked request: one scheduler Request per sequence, each with its own random stream
+        (`seed + index`; an unseeded request's seed is mixed from the engine seed and its arrival number)."""
+        prompt_token_ids = self.tokenize(prompt)
+        arrival_order = next(self._arrival_counter)
+        seed = params.seed if params.seed is not None else mix_seed(self.engine_seed, arrival_order)
+        sequences = []
+        for index in range(params.num_sequences):
+            request = Request(sequence_id(request_id, index), prompt_token_ids, params,
+                              eos_token_ids=self.eos_token_ids, arrival_order=arrival_order, priority=priority,
+                              arrival_time=arrival_time, sampling_seed=seed + index)
+            sequences.append(Sequence(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
+                                      [] if params.logprobs is not None else None))
+        return SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
+                             sequences, unforked=sequences[1:],
+                             prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
