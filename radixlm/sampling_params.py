@@ -9,6 +9,11 @@ from dataclasses import dataclass, fields
 from radixlm.structured.spec import GrammarSpec
 
 MAX_LOGPROBS = 20
+# Caps on the sizes a client controls (every stop string is looked for after every token; every bias entry and stop
+# token id is applied to every row of every step).
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_TOKEN_ID_LIST = 4096  # logit_bias entries, stop_token_ids
 
 
 def _is_int(value: object) -> bool:
@@ -134,12 +139,19 @@ class SamplingParams:
 
     def _check_lists(self) -> None:
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}"[:300])
+        if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
+            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} "
+                             f"characters each")
+        for name in ("stop_token_ids", "logit_bias"):
+            if len(getattr(self, name) or ()) > MAX_TOKEN_ID_LIST:
+                raise ValueError(f"{name} may hold at most {MAX_TOKEN_ID_LIST} entries, got "
+                                 f"{len(getattr(self, name))}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are matched on the generated text, so stop needs detokenize=True")
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 _is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}")
+            raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}"[:300])
 
     # -- derived -----------------------------------------------------------------------------------------------
     @property

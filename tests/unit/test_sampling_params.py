@@ -14,6 +14,8 @@ BAD_VALUES = [
     ("prompt_logprobs", 100), ("seed", 1.5), ("stop", [""]), ("stop", [3]), ("stop_token_ids", [-1]),
     ("stop_token_ids", ["a"]), ("logit_bias", {5: 200.0}), ("logit_bias", {"x": 1.0}), ("logit_bias", {-3: 1.0}),
     ("ignore_eos", "yes"), ("max_tokens", True),
+    ("stop", ["x"] * 65), ("stop", ["x" * 1025]), ("stop_token_ids", list(range(4097))),
+    ("logit_bias", dict.fromkeys(range(4097), 1.0)), ("logit_bias", {"9" * 5000: 1.0}),
     ("structured_outputs", 5), ("structured_outputs", {"regex": "a+", "choice": ["b"]}),
     ("structured_outputs", {"json": "{oops"}), ("structured_outputs", {"xml": "<a/>"}),
 ]
