@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from radixlm.engine.outputs import RequestOutput
 
@@ -32,6 +40,7 @@ class SchedulerStats:
     num_preemptions: int  # cumulative
     prefix_cache_hit_rate: float = 0.0  # cached / looked-up prompt tokens since start, 0..1
     num_evicted_blocks: int = 0  # cumulative
+    num_used_blocks: int = 0  # KV blocks held by live requests: 0 when none is live, or blocks leaked
 
 
 class EngineMetrics:
@@ -39,6 +48,7 @@ class EngineMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and friends, as vLLM exposes
         labels = ["model_name"]
         kw = {"labelnames": labels, "registry": self.registry}
 
@@ -61,6 +71,8 @@ class EngineMetrics:
         self.num_waiting = gauge("radixlm:num_requests_waiting", "Requests waiting to be scheduled.")
         self.kv_cache_usage = gauge("radixlm:kv_cache_usage_perc",
                                     "Fraction of KV cache blocks held by live requests (0..1).")
+        self.kv_cache_used_blocks = gauge("radixlm:kv_cache_used_blocks",
+                                          "KV cache blocks held by live requests (0 once none is live).")
         self.prefix_cache_usage = gauge("radixlm:prefix_cache_usage_perc",
                                         "Fraction of KV cache blocks held only by the prefix cache (evictable).")
         self.prompt_tokens = counter("radixlm:prompt_tokens", "Prompt tokens of the requests that started.")
@@ -108,6 +120,7 @@ class EngineMetrics:
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)
+        self.kv_cache_used_blocks.set(stats.num_used_blocks)
         self.prefix_cache_usage.set(stats.prefix_cache_usage)
         if stats.num_preemptions > self._num_preemptions_seen:
             self.preemptions.inc(stats.num_preemptions - self._num_preemptions_seen)

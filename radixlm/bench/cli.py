@@ -50,6 +50,14 @@ def _cmd_sampler(args: argparse.Namespace) -> None:
     bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
 
 
+def _cmd_soak(args: argparse.Namespace) -> None:
+    from radixlm.bench.soak import bench_soak
+    from radixlm.cli import engine_kwargs
+
+    if not bench_soak(args.base_url, engine_kwargs(args), args.num_requests, args.concurrency, args.workload_seed):
+        raise SystemExit(1)
+
+
 def _cmd_structured(args: argparse.Namespace) -> None:
     from radixlm.bench.structured import bench_structured
     from radixlm.cli import engine_kwargs
@@ -92,6 +100,14 @@ def add_bench_commands(commands: Any) -> None:
     sampler.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(sampler)
     sampler.set_defaults(handler=_cmd_sampler)
+
+    soak = kinds.add_parser("soak", help="hostile and ordinary requests at high concurrency; PASS if nothing broke")
+    soak.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")
+    soak.add_argument("--num-requests", type=int, default=1000)
+    soak.add_argument("--concurrency", type=int, default=64)
+    soak.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(soak)
+    soak.set_defaults(handler=_cmd_soak)
 
     serve = kinds.add_parser("serve", help="async OpenAI client against radixlm serve: TTFT, ITL, e2e, throughput")
     serve.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")

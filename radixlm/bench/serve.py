@@ -118,8 +118,8 @@ async def _run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list
 
 
 @contextlib.contextmanager
-def _own_server(engine_flags: list[str], timeout: float = 900.0) -> Iterator[str]:
-    """Start `radixlm serve` on a free loopback port; yields its base URL; SIGTERM on exit."""
+def own_server(engine_flags: list[str], timeout: float = 900.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Start `radixlm serve` on a free loopback port; yields its base URL and process; SIGTERM on exit."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -132,9 +132,10 @@ def _own_server(engine_flags: list[str], timeout: float = 900.0) -> Iterator[str
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"radixlm serve did not become ready (exit code {process.poll()})")
             time.sleep(0.5)
-        yield base_url
+        yield base_url, process
     finally:
-        process.send_signal(signal.SIGTERM)
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
         process.wait(60)
 
 
@@ -163,7 +164,7 @@ def bench_serve(base_url: str | None, engine_options: dict[str, Any], options: B
 
     tokenizer = load_tokenizer(resolve_model_dir(str(engine_options.get("model", DEFAULT_MODEL))))
     with contextlib.ExitStack() as stack:
-        url = base_url or stack.enter_context(_own_server(engine_flags(engine_options)))
+        url = base_url or stack.enter_context(own_server(engine_flags(engine_options)))[0]
         results = asyncio.run(_run_all(url, options, tokenizer))
     print_table(results, options)
     if options.output_json:

@@ -52,16 +52,21 @@ class EngineInfo:
 
 def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
     """Read by the engine thread between steps. KV usage counts the blocks live requests hold; blocks that only
-    the radix tree holds are evictable, so they count as cached rather than used (as vLLM and SGLang report)."""
+    the radix tree holds are evictable, so they count as cached rather than used (as vLLM and SGLang report).
+    When no request is live, `num_used_blocks` counts the blocks neither free nor the tree's: leaked ones."""
     scheduler = engine.scheduler
     manager = scheduler.kv_cache_manager
     pool = manager.block_pool
     held = len({block_id for request in scheduler.running for block_id in request.block_table})
+    num_used_blocks = held
+    if not scheduler.requests:  # idle: every used block should be the tree's; any other one leaked
+        tree_blocks = manager.radix_cache.block_refs() if manager.radix_cache is not None else {}
+        num_used_blocks = pool.num_used_blocks - len(tree_blocks)
     return SchedulerStats(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
                           kv_cache_usage=held / pool.num_blocks,
                           prefix_cache_usage=(pool.num_used_blocks - held) / pool.num_blocks,
                           num_preemptions=scheduler.num_preemptions, prefix_cache_hit_rate=manager.stats.hit_rate,
-                          num_evicted_blocks=manager.num_evicted_blocks)
+                          num_evicted_blocks=manager.num_evicted_blocks, num_used_blocks=num_used_blocks)
 
 
 class OutputStream:

@@ -1,0 +1,172 @@
+"""`radixlm bench soak`: many hostile and ordinary requests at high concurrency; the server must come out as it
+went in.
+
+It starts `radixlm serve` (or uses `--base-url`), asks fixed greedy probes, warms up with every kind of request,
+then sends the mix of `soak_requests` (streaming, n > 1, grammars, stops, logprobs, clients that disconnect at
+random, malformed bodies). At the end it checks: no crash (the process alive, `/health` 200), no 5xx, no dropped
+connection the client did not drop itself, nothing running or waiting, no KV block held (leaked), the same greedy
+answers, and the server's RSS within 1.1x of its RSS after the warm-up. One PASS/FAIL line sums it up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from radixlm.bench.serve import engine_flags, own_server
+from radixlm.bench.serve_report import percentile
+from radixlm.bench.soak_requests import SoakRequest, build_requests, greedy_probes
+
+RSS_GROWTH_LIMIT = 1.1
+
+
+@dataclass
+class SoakTally:
+    num_sent: int = 0
+    num_2xx: int = 0
+    num_4xx: int = 0
+    num_5xx: int = 0
+    num_disconnected: int = 0  # by the client, on purpose
+    num_dropped: int = 0  # connections the server dropped or refused
+    num_wrong: int = 0  # a valid body refused or a malformed one accepted
+    latencies: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def note(self, problem: str) -> None:
+        if len(self.problems) < 10:
+            self.problems.append(problem)
+
+
+async def send(http: httpx.AsyncClient, request: SoakRequest, tally: SoakTally) -> str | None:
+    """Send one request; returns the answer's text for greedy probes."""
+    tally.num_sent += 1
+    started = time.perf_counter()
+    headers = {"Content-Type": "application/json"}
+    try:
+        async with asyncio.timeout(request.disconnect_after), \
+                http.stream("POST", request.route, content=request.body.encode("utf-8", "surrogatepass"),
+                            headers=headers) as response:
+            body = b"".join([chunk async for chunk in response.aiter_bytes()])
+    except TimeoutError:
+        tally.num_disconnected += 1
+        return None
+    except httpx.TransportError as error:
+        tally.num_dropped += 1
+        tally.note(f"{request.route}: {type(error).__name__}: {error}")
+        return None
+    tally.latencies.append(time.perf_counter() - started)
+    status = response.status_code
+    if status >= 500:
+        tally.num_5xx += 1
+        tally.note(f"{status} for {request.body[:120]}: {body[:200]!r}")
+    elif status >= 400:
+        tally.num_4xx += 1
+        if not request.malformed:
+            tally.num_wrong += 1
+            tally.note(f"{status} for a valid body {request.body[:120]}: {body[:200]!r}")
+    else:
+        tally.num_2xx += 1
+        if request.malformed and '"n": 100000' not in request.body:
+            tally.num_wrong += 1
+            tally.note(f"{status} for a malformed body {request.body[:120]}")
+    if request.greedy_probe and status == 200:
+        return json.loads(body)["choices"][0]["message"]["content"]
+    return None
+
+
+async def run_mix(http: httpx.AsyncClient, requests: list[SoakRequest], concurrency: int, tally: SoakTally) -> None:
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(request: SoakRequest) -> None:
+        async with limit:
+            await send(http, request, tally)
+
+    await asyncio.gather(*(one(r) for r in requests))
+
+
+async def server_state(http: httpx.AsyncClient) -> dict[str, float]:
+    """The metrics the verdict needs (gauges of the engine, the process's RSS)."""
+    text = (await http.get("/metrics")).text
+    wanted = ("radixlm:num_requests_running", "radixlm:num_requests_waiting", "radixlm:kv_cache_used_blocks",
+              "process_resident_memory_bytes")
+    state = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            state[name] = float(line.rsplit(" ", 1)[1])
+    return state
+
+
+async def settle(http: httpx.AsyncClient, timeout: float = 120.0) -> dict[str, float]:
+    """Wait until nothing runs or waits (aborted requests end within a step); returns the final state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await server_state(http)
+        idle = state.get("radixlm:num_requests_running") == 0 and state.get("radixlm:num_requests_waiting") == 0
+        if idle or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.2)
+
+
+async def soak(base_url: str, num_requests: int, concurrency: int, seed: int) -> bool:
+    async with httpx.AsyncClient(base_url=base_url, timeout=600,
+                                 limits=httpx.Limits(max_connections=concurrency + 8)) as http:
+        tally = SoakTally()
+        probes = greedy_probes()
+        before = [await send(http, probe, tally) for probe in probes]
+        await run_mix(http, build_requests(max(20, num_requests // 10), seed + 1), concurrency, SoakTally())
+        warm = await settle(http)
+        started = time.perf_counter()
+        await run_mix(http, build_requests(num_requests, seed), concurrency, tally)
+        seconds = time.perf_counter() - started
+        final = await settle(http)
+        after = [await send(http, probe, tally) for probe in probes]
+        healthy = (await http.get("/health")).status_code == 200
+    return report(tally, seconds, warm, final, before, after, healthy)
+
+
+def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict[str, float],
+           before: list[str | None], after: list[str | None], healthy: bool) -> bool:
+    rss_warm = warm.get("process_resident_memory_bytes", 0.0)
+    rss_final = final.get("process_resident_memory_bytes", 0.0)
+    leaked = int(final.get("radixlm:kv_cache_used_blocks", -1))
+    running = int(final.get("radixlm:num_requests_running", -1))
+    waiting = int(final.get("radixlm:num_requests_waiting", -1))
+    crashes = int(not healthy)
+    same_greedy = before == after and None not in before
+    print(f"requests: {tally.num_sent} in {seconds:.1f} s ({tally.num_2xx} 2xx, {tally.num_4xx} 4xx, "
+          f"{tally.num_5xx} 5xx, {tally.num_disconnected} disconnected by the client, {tally.num_dropped} dropped "
+          f"by the server, {tally.num_wrong} wrong status)")
+    if tally.latencies:
+        print(f"latency of answered requests: p50 {statistics.median(tally.latencies):.2f} s, "
+              f"p99 {percentile(tally.latencies, 99):.2f} s")
+    print(f"crashes: {crashes}; leaked blocks: {leaked}; running/waiting at the end: {running}/{waiting}")
+    print(f"RSS: {rss_warm / 2**20:.0f} MiB after warm-up, {rss_final / 2**20:.0f} MiB after the soak "
+          f"({rss_final / max(rss_warm, 1):.3f}x; limit {RSS_GROWTH_LIMIT}x)")
+    print(f"greedy answers before and after: {'unchanged' if same_greedy else 'CHANGED'}")
+    for problem in tally.problems:
+        print(f"  problem: {problem}")
+    passed = (crashes == 0 and tally.num_5xx == 0 and tally.num_dropped == 0 and tally.num_wrong == 0
+              and leaked == 0 and running == 0 and waiting == 0 and same_greedy
+              and rss_final <= RSS_GROWTH_LIMIT * rss_warm)
+    print("PASS" if passed else "FAIL")
+    return passed
+
+
+def bench_soak(base_url: str | None, engine_options: dict[str, Any], num_requests: int, concurrency: int,
+               seed: int) -> bool:
+    """Run the soak against `base_url`, or against a server started with `engine_options`; True if it passed."""
+    if base_url is not None:
+        return asyncio.run(soak(base_url, num_requests, concurrency, seed))
+    with own_server(engine_flags(engine_options)) as (url, process):
+        passed = asyncio.run(soak(url, num_requests, concurrency, seed))
+        if process.poll() is not None:
+            print(f"FAIL: the server exited with {process.returncode}")
+            return False
+    return passed
