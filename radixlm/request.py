@@ -9,11 +9,15 @@ decode step are all the same code path.
 from __future__ import annotations
 
 import enum
+import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from radixlm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class RequestStatus(enum.Enum):
@@ -134,6 +138,8 @@ class Request:
         if new_status not in _ALLOWED_TRANSITIONS.get(self.status, frozenset()):
             raise IllegalTransitionError(
                 f"request {self.request_id}: illegal transition {self.status.name} -> {new_status.name}")
+        logger.debug("request %s: %s -> %s (thread %s)", self.request_id, self.status.name, new_status.name,
+                     threading.current_thread().name)
         self.status = new_status
         now = time.monotonic() if now is None else now
         if new_status is RequestStatus.RUNNING and self.times.first_scheduled is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -30,9 +30,11 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, metadata: Mapping[str, Any] | None = None,
+                 on_finish: Callable[[RequestOutput], object] | None = None) -> list[RequestOutput]:
         """Generate for text prompts or token-id lists; outputs come back in the order of `prompts`, each with
-        all its `n` completions (by index)."""
+        all its `n` completions (by index). `metadata` and `on_finish` apply to every prompt (see
+        `LLMEngine.add_request`); a request that failed alone has `error` set and finish_reason "error"."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)
@@ -44,7 +46,8 @@ class LLM:
             self.engine.structured.submit(spec).result()  # a bad grammar raises ValueError before anything runs
         request_ids = [str(self._next_id + i) for i in range(len(prompt_list))]
         self._next_id += len(prompt_list)
-        self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True))
+        self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True), metadata=metadata,
+                                 on_finish=on_finish)
         return self._run(request_ids, use_tqdm)
 
     def chat(self, messages: list[Message] | list[list[Message]],

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -70,10 +71,13 @@ class LLMEngine:
 
     # -- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
-                    priority: int = 0, arrival_time: float | None = None) -> Request:
+                    priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
+                    on_finish: Callable[[RequestOutput], object] | None = None) -> Request:
         """Tokenize and queue a request (all its sequences); raises ValueError for one that can never run.
 
-        Returns the scheduler request of its first sequence.
+        `metadata` is the caller's, returned on every output of the request. `on_finish(final_output)` runs once,
+        on the engine's thread, when the request ends in any terminal state (finished, aborted, failed); an
+        exception it raises is logged and harms nothing. Returns the scheduler request of its first sequence.
         """
         params = params or SamplingParams()
         self.admission.check_params(params)
@@ -82,6 +86,7 @@ class LLMEngine:
         if taken:
             raise ValueError(f"request_id {taken[0]!r} is already in use")
         group = self.admission.build_group(request_id, prompt, params, priority, arrival_time)
+        group.metadata, group.on_finish = dict(metadata) if metadata else None, on_finish
         first = group.first.request
         self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
         if params.structured_outputs is None or self.grammars.submit(group):
@@ -92,7 +97,8 @@ class LLMEngine:
         return first
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
-                     arrival_time: float | None = None) -> None:
+                     arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
+                     on_finish: Callable[[RequestOutput], object] | None = None) -> None:
         """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
         are aborted before the error propagates."""
         requests = list(requests)
@@ -103,7 +109,8 @@ class LLMEngine:
         added: list[str] = []
         try:
             for request_id, prompt, params in requests:
-                self.add_request(request_id, prompt, params, priority=priority, arrival_time=arrival_time)
+                self.add_request(request_id, prompt, params, priority=priority, arrival_time=arrival_time,
+                                 metadata=metadata, on_finish=on_finish)
                 added.append(request_id)
         except Exception:
             for request_id in added:
@@ -128,7 +135,7 @@ class LLMEngine:
         group.unforked = []
         group.error = error
         output = group.make_output()
-        self._forget(group)
+        self._forget(group, output)
         return output
 
     def _fail(self, group: SequenceGroup, error: BaseException, phase: str, failed: list[RequestOutput]) -> None:
@@ -142,11 +149,17 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 
-    def _forget(self, group: SequenceGroup) -> None:
+    def _forget(self, group: SequenceGroup, final_output: RequestOutput) -> None:
+        """Drop a finished group, then run its `on_finish` callback (once; what it raises is logged, not felt)."""
         self.grammars.forget(group)
         del self._groups[group.request_id]
         for sequence in group.sequences:
             del self._sequences[sequence.request.request_id]
+        if group.on_finish is not None:
+            try:
+                group.on_finish(final_output)
+            except Exception:
+                logger.exception("request %s: the on_finish callback raised (ignored)", group.request_id)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -299,7 +312,8 @@ class LLMEngine:
             if output is not None:
                 outputs.append(output)
             if group.finished:
-                self._forget(group)
+                assert output is not None
+                self._forget(group, output)
         return outputs
 
     # -- stats -------------------------------------------------------------------------------------------------

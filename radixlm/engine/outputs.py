@@ -14,6 +14,7 @@ Contract (shared by the offline API and the server):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -71,3 +72,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # first position None, as in vLLM
     error: str | None = None  # why the request failed (its sequences finish with "error"); None otherwise
+    metadata: dict[str, Any] | None = None  # what the caller attached to the request (`add_request(metadata=...)`)

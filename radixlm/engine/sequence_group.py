@@ -8,7 +8,9 @@ With best_of > n nothing is streamed: the finished output holds the n sequences 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
@@ -82,6 +84,8 @@ class SequenceGroup:
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # grows as prompt positions are computed
     changed: set[int] = field(default_factory=set)  # indices of sequences with news since the last output
     error: str | None = None  # why the request failed (its sequences finished with "error")
+    metadata: dict[str, Any] | None = None  # the caller's, returned on every output
+    on_finish: Callable[[RequestOutput], object] | None = None  # run once with the final output
 
     @property
     def first(self) -> Sequence:
@@ -119,6 +123,6 @@ class SequenceGroup:
                                  num_preemptions=sum(s.request.num_preemptions for s in self.sequences))
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                              outputs=completions, finished=finished, metrics=metrics,
-                             num_cached_tokens=first.num_cached_tokens, error=self.error,
+                             num_cached_tokens=first.num_cached_tokens, error=self.error, metadata=self.metadata,
                              prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs_done and
                              self.prompt_logprobs is not None else None)

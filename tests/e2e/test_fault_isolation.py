@@ -134,3 +134,29 @@ def test_a_forward_that_keeps_failing_or_a_broken_invariant_stops_the_engine(mod
     engine.add_request("r", [1, 2, 3], GREEDY)
     with pytest.raises(AssertionError, match="injected: broken"):
         engine.step()
+
+
+def test_on_finish_runs_once_in_every_terminal_state_and_a_raising_one_harms_nothing(model, baseline, monkeypatch):
+    adjust = Sampler._adjust_logits
+    monkeypatch.setattr(Sampler, "_adjust_logits", lambda self, logits, batch, requests, *args: (
+        (_ for _ in ()).throw(ValueError("injected")) if any(r.request_id == "victim" for r in requests)
+        else adjust(self, logits, batch, requests, *args)))
+    engine = build_engine(model=model, **ENGINE)
+    calls = []
+
+    def record(output):
+        calls.append((output.request_id, output.metadata, [c.finish_reason for c in output.outputs]))
+        raise RuntimeError("a callback that raises")
+
+    for request_id, prompt, params in REQUESTS:
+        engine.add_request(request_id, prompt, params, metadata={"user": request_id}, on_finish=record)
+    engine.add_request("aborted", [3, 4, 5], GREEDY, metadata={"user": "x"}, on_finish=record)
+    engine.step()
+    engine.abort_request("aborted")
+    finished = drain(engine)
+    assert sorted(c[0] for c in calls) == sorted([*(r[0] for r in REQUESTS), "aborted"])  # once each
+    reasons = {request_id: reasons for request_id, _, reasons in calls}
+    assert reasons["aborted"] == ["abort"] and reasons["victim"] == ["error"] and reasons["a"] == ["length"]
+    assert all(metadata == {"user": request_id} or request_id == "aborted" for request_id, metadata, _ in calls)
+    assert finished["a"].output.metadata == {"user": "a"}
+    assert_others_unchanged(finished, baseline)
