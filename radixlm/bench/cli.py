@@ -58,6 +58,14 @@ def _cmd_soak(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _cmd_peers(args: argparse.Namespace) -> None:
+    from radixlm.bench.peers import Case, bench_peers
+
+    cases = [Case.parse(text) for text in args.cases.split(",") if text]
+    bench_peers([s for s in args.radixlm.split(";")], cases, args.peer_script or None, args.peer_port,
+                args.workload_seed)
+
+
 def _cmd_structured(args: argparse.Namespace) -> None:
     from radixlm.bench.structured import bench_structured
     from radixlm.cli import engine_kwargs
@@ -100,6 +108,17 @@ def add_bench_commands(commands: Any) -> None:
     sampler.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(sampler)
     sampler.set_defaults(handler=_cmd_sampler)
+
+    peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
+    peers.add_argument("--radixlm", default="--num-threads 2;--num-threads 2 --quantization int8",
+                       help="';'-separated radixlm serve flag sets, one server each")
+    peers.add_argument("--cases", default="random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64",
+                       help="comma-separated WORKLOAD@CONCURRENCY:REQUESTS")
+    peers.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
+                       help="starts llama-server on the port given as its argument (empty: no peer)")
+    peers.add_argument("--peer-port", type=int, default=8002)
+    peers.add_argument("--workload-seed", type=int, default=0)
+    peers.set_defaults(handler=_cmd_peers)
 
     soak = kinds.add_parser("soak", help="hostile and ordinary requests at high concurrency; PASS if nothing broke")
     soak.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")

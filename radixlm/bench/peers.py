@@ -1,0 +1,114 @@
+"""`radixlm bench peers`: the issue-15 table, side by side in one run: llama.cpp's `llama-server` (the CPU peer in
+`../shared/peers/`) and `radixlm serve` under one or more flag sets, one server at a time (two servers on 2 cores
+would measure nothing), the same `bench serve` workloads against each.
+
+Cases are `WORKLOAD@CONCURRENCY:REQUESTS`; every request is greedy with `ignore_eos`, so each server does the same
+work. It prints output tok/s and ITL p50 per server and case, and each radixlm set's ratio to the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from radixlm.bench.serve import BenchOptions, _healthy, _run_all, own_server
+from radixlm.bench.serve_workloads import WorkloadSpec
+from radixlm.bench.workload import parse_range
+from radixlm.model.loader import load_tokenizer, resolve_model_dir
+
+DEFAULT_CASES = "random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64"
+DEFAULT_PEER = "../shared/peers/serve-llama-server.sh"
+
+
+@dataclass(frozen=True)
+class Case:
+    workload: str
+    concurrency: int
+    num_requests: int
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        try:
+            workload, rest = text.split("@")
+            concurrency, num_requests = rest.split(":")
+            return cls(workload, int(concurrency), int(num_requests))
+        except ValueError:
+            raise ValueError(f"a case is WORKLOAD@CONCURRENCY:REQUESTS, got {text!r}") from None
+
+    @property
+    def name(self) -> str:
+        return f"{self.workload}, c={self.concurrency}"
+
+    def spec(self, seed: int) -> WorkloadSpec:
+        """The issue's workloads: random 64-256 tokens in / 64 out; shared-prefix 4 x 8 questions on a 1,000-token
+        prefix, 32 out; multi-turn 4 rounds, 32-64 out."""
+        output_len = {"random": "64-64", "shared-prefix": "32-32"}.get(self.workload, "32-64")
+        return WorkloadSpec(num_prompts=self.num_requests, input_len=parse_range("64-256"),
+                            output_len=parse_range(output_len), prefix_len=1000, seed=seed)
+
+
+@contextlib.contextmanager
+def peer_server(script: str, port: int, timeout: float = 300.0) -> Iterator[str]:
+    process = subprocess.Popen(["bash", script, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while not _healthy(base_url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{script} did not become ready (exit code {process.poll()})")
+            time.sleep(0.5)
+        yield base_url
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int) -> dict[Case, dict[str, float]]:
+    results = {}
+    for case in cases:
+        options = BenchOptions([case.workload], case.spec(seed), max_concurrency=case.concurrency)
+        summary = asyncio.run(_run_all(base_url, options, tokenizer))[0].summary()
+        results[case] = summary
+        print(f"  {case.name}: {summary['output_tok_per_s']:.1f} out tok/s, ITL p50 {summary['itl_p50'] * 1000:.0f} "
+              f"ms, TTFT p50 {summary['ttft_p50'] * 1000:.0f} ms, failed {summary['failed']}", flush=True)
+    return results
+
+
+def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int) -> None:
+    tokenizer = load_tokenizer(resolve_model_dir("SmolLM2-135M-Instruct"))
+    columns: dict[str, dict[Case, dict[str, float]]] = {}
+    if peer_script:
+        if not Path(peer_script).exists():
+            raise FileNotFoundError(f"no peer start script at {peer_script}")
+        print("llama-server:", flush=True)
+        with peer_server(peer_script, port) as url:
+            columns["llama-server"] = measure(url, cases, tokenizer, seed)
+    for flags in radixlm_sets:
+        label = f"radixlm {flags}".strip()
+        print(f"{label}:", flush=True)
+        with own_server(shlex.split(flags)) as (url, _):
+            columns[label] = measure(url, cases, tokenizer, seed)
+    print_table(columns, cases)
+
+
+def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Case]) -> None:
+    labels = list(columns)
+    peer = columns.get("llama-server")
+    header = " | ".join(f"{label} out tok/s (ITL p50 ms)" for label in labels)
+    ratios = " | ".join(f"{label} / llama-server" for label in labels if label != "llama-server") if peer else ""
+    print(f"\n| case | {header} |" + (f" {ratios} |" if ratios else ""))
+    print("|---" * (1 + len(labels) + (len(labels) - 1 if peer else 0)) + "|")
+    for case in cases:
+        cells = [f"{columns[label][case]['output_tok_per_s']:.1f} ({columns[label][case]['itl_p50'] * 1000:.0f})"
+                 for label in labels]
+        if peer:
+            base = peer[case]["output_tok_per_s"]
+            cells += [f"{columns[label][case]['output_tok_per_s'] / base:.2f}x" for label in labels
+                      if label != "llama-server"]
+        print(f"| {case.name} | " + " | ".join(cells) + " |")
