@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any
 
 from radixlm.structured.spec import GrammarSpec
 
@@ -167,6 +169,33 @@ class SamplingParams:
     def logit_bias_dict(self) -> dict[int, float]:
         return dict(self.logit_bias or ())
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults, as JSON-ready values (`from_dict` rebuilds an equal object):
+        tuples become lists, `logit_bias` a list of [token_id, bias] pairs, a grammar {"kind", "text"}."""
+        values: dict[str, Any] = {}
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if value == _DEFAULTS[spec.name]:
+                continue
+            if isinstance(value, GrammarSpec):
+                value = {"kind": value.kind, "text": value.text}
+            elif isinstance(value, tuple):
+                value = [list(item) if isinstance(item, tuple) else item for item in value]
+            values[spec.name] = value
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """Inverse of `to_dict` (validated like any construction); unknown keys raise ValueError naming them."""
+        unknown = set(values) - set(_DEFAULTS)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)[0]} is not a sampling parameter")
+        values = dict(values)
+        grammar = values.get("structured_outputs")
+        if isinstance(grammar, Mapping) and set(grammar) == {"kind", "text"}:
+            values["structured_outputs"] = GrammarSpec(grammar["kind"], grammar["text"])
+        return cls(**values)
+
     def replace(self, **changes: object) -> SamplingParams:
         """A copy with some fields changed (validated again)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -223,3 +252,7 @@ def structured_spec(options: Mapping[str, object]) -> GrammarSpec:
         return _STRUCTURED_KEYS[key](value)  # type: ignore[arg-type]
     except ValueError as error:
         raise ValueError(f"structured_outputs: {error}") from None
+
+
+_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {spec.name: getattr(SamplingParams(), spec.name) for spec in fields(SamplingParams)})

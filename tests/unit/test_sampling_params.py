@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import math
 
 import pytest
@@ -62,3 +63,24 @@ def test_replace_validates_again():
     assert SamplingParams().replace(temperature=0.0).is_greedy
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams().replace(temperature=-1)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(),
+    SamplingParams(n=3, best_of=4, temperature=0.5, top_p=0.9, top_k=20, min_p=0.05, seed=-7, stop=["a", "bc"],
+                   stop_token_ids=[3, 4], logit_bias={5: -1.5, 2: 3}, logprobs=2, prompt_logprobs=0, min_tokens=2,
+                   max_tokens=None, ignore_eos=True, repetition_penalty=1.1, frequency_penalty=0.5,
+                   presence_penalty=-0.5, include_stop_str_in_output=True, skip_special_tokens=False),
+    SamplingParams(structured_outputs={"json": {"type": "object"}}),
+    SamplingParams(structured_outputs={"choice": ["x", "y"]}, detokenize=True),
+])
+def test_to_dict_drops_defaults_and_round_trips_exactly(params):
+    values = params.to_dict()
+    assert json.loads(json.dumps(values)) == values  # JSON-ready
+    assert all(value != getattr(SamplingParams(), name) for name, value in values.items())
+    assert SamplingParams.from_dict(json.loads(json.dumps(values))) == params
+
+
+def test_from_dict_names_an_unknown_key():
+    with pytest.raises(ValueError, match="temprature"):
+        SamplingParams.from_dict({"temprature": 0.5})
