@@ -86,6 +86,8 @@ class SchedulerConfig:
         "lpm falls back to fcfs when more requests than this are waiting"))
     max_queued_requests: int | None = field(default=None, metadata=_help(
         "waiting requests beyond this are refused (HTTP 429; a request with more prompts than this: 400)"))
+    trace: str | None = field(default=None, metadata=_help(
+        "write one JSON line per arrival, step and finish to this file (radixlm replay / trace read it)"))
     max_sequences_per_request: int = field(default=64, metadata=_help(
         "most sequences one request may ask for (n, best_of); also capped by --max-num-seqs"))
 

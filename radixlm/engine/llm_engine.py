@@ -27,9 +27,10 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.outputs import RequestOutput
-from radixlm.engine.prompt_logprobs import prompt_logits_positions, record_prompt_logprobs
-from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
+from radixlm.engine.prompt_logprobs import prompt_logits_positions
+from radixlm.engine.sequence_group import sequence_id
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner, RunnerOutput
 from radixlm.request import Request, RequestStatus
@@ -38,6 +39,7 @@ from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
+from radixlm.trace.recorder import TraceRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +67,11 @@ class LLMEngine:
         self.structured = StructuredOutputs(self.tokenizer, self.runner.shape.vocab_size, sorted(self.eos_token_ids))
         self.grammars = GrammarTracker(self.structured)
         self.admission = Admission(config, self.tokenizer, self.runner.shape.vocab_size, self.eos_token_ids)
-        self._groups: dict[str, SequenceGroup] = {}
-        self._sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}  # scheduler request id -> its sequence
         self._num_failed_forwards = 0  # in a row
+        self.num_steps = 0  # steps that ran a forward (or tried to)
+        self.tracer = TraceRecorder(config.scheduler.trace, config, self.runner.kv_cache.num_blocks,
+                                    self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
+        self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
 
     # -- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
@@ -82,18 +86,20 @@ class LLMEngine:
         params = params or SamplingParams()
         self.admission.check_params(params)
         ids = [sequence_id(request_id, i) for i in range(params.num_sequences)]
-        taken = [i for i in [request_id, *ids] if i in self._groups or i in self._sequences]
+        book = self.output_processor
+        taken = [i for i in [request_id, *ids] if i in book.groups or i in book.sequences]
         if taken:
             raise ValueError(f"request_id {taken[0]!r} is already in use")
         group = self.admission.build_group(request_id, prompt, params, priority, arrival_time)
         group.metadata, group.on_finish = dict(metadata) if metadata else None, on_finish
         first = group.first.request
         self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
-        if params.structured_outputs is None or self.grammars.submit(group):
+        queued = params.structured_outputs is None or self.grammars.submit(group)
+        if queued:
             self.scheduler.add_request(first)
-        self._groups[request_id] = group
-        for sequence in group.sequences:
-            self._sequences[sequence.request.request_id] = (group, sequence)
+        if self.tracer is not None:
+            self.tracer.arrival(group, queued, self.num_steps)
+        book.add(group)
         return first
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
@@ -119,47 +125,15 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort every live sequence of a request; returns its final output, or None if it was not live."""
-        group = self._groups.get(request_id)
-        return None if group is None else self._end_group(group, RequestStatus.FINISHED_ABORTED)
-
-    def _end_group(self, group: SequenceGroup, status: RequestStatus, error: str | None = None) -> RequestOutput:
-        """Finish every live sequence of `group` early with `status` (aborted, or failed with `error`), freeing
-        what the scheduler holds, and forget the group; returns its final output."""
-        for sequence in group.sequences:
-            if sequence.finished:
-                continue
-            if not self.scheduler.abort(sequence.request.request_id, status):  # not forked or not queued yet
-                sequence.request.transition(status)
-            sequence.finish_reason, sequence.stop_reason = status.finish_reason, None
-            group.changed.add(sequence.index)
-        group.unforked = []
-        group.error = error
-        output = group.make_output()
-        self._forget(group, output)
-        return output
-
-    def _fail(self, group: SequenceGroup, error: BaseException, phase: str, failed: list[RequestOutput]) -> None:
-        """An exception that belongs to `group`: end it alone in the error state; the engine goes on."""
-        if group.request_id not in self._groups:
-            return  # already ended in this step
-        message = f"{phase} failed: {type(error).__name__}: {error}"
-        logger.error("request %s: %s", group.request_id, message, exc_info=error)
-        failed.append(self._end_group(group, RequestStatus.FINISHED_ERROR, message))
+        group = self.output_processor.groups.get(request_id)
+        if group is None:
+            return None
+        if self.tracer is not None:
+            self.tracer.abort(request_id, self.num_steps)
+        return self.output_processor.end_group(group, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._groups)
-
-    def _forget(self, group: SequenceGroup, final_output: RequestOutput) -> None:
-        """Drop a finished group, then run its `on_finish` callback (once; what it raises is logged, not felt)."""
-        self.grammars.forget(group)
-        del self._groups[group.request_id]
-        for sequence in group.sequences:
-            del self._sequences[sequence.request.request_id]
-        if group.on_finish is not None:
-            try:
-                group.on_finish(final_output)
-            except Exception:
-                logger.exception("request %s: the on_finish callback raised (ignored)", group.request_id)
+        return bool(self.output_processor.groups)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -170,31 +144,29 @@ class LLMEngine:
         The others go on. Anything else (the scheduler, the invariants, `MAX_FORWARD_FAILURES` forwards failing in
         a row: a broken device) raises: the engine cannot go on.
         """
+        started = time.perf_counter()
         failed = self._admit_compiled_grammars()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if self.grammars.num_waiting:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
-        positions = prompt_logits_positions(scheduler_output, self._sequences)
+        scheduled_at = time.perf_counter()
+        scheduled = [self.scheduler.requests[c.request_id] for c in scheduler_output.chunks] if self.tracer else []
+        positions = prompt_logits_positions(scheduler_output, self.output_processor.sequences)
         result = self._forward(scheduler_output, positions, failed)
-        if result is None:
-            return failed
-        updated = self._sample_and_update(scheduler_output, result.logits, failed)
-        for request_id, (first, end) in positions.items():
-            if request_id in self._sequences:
-                group = self._sequences[request_id][0]
-                self._guarded([group], "prompt logprobs", failed, record_prompt_logprobs, group,
-                              result.prompt_logits[request_id], first, end, self.logprob_formatter)
-        touched: dict[str, SequenceGroup] = {}
-        for request, logprobs in updated:
-            if request.request_id not in self._sequences:
-                continue  # failed in this step
-            group, sequence = self._sequences[request.request_id]
-            if self._guarded([group], "detokenizing or stop checks", failed, self._record_token, sequence, logprobs):
-                group.changed.add(sequence.index)
-                touched[group.request_id] = group
-        return failed + self._outputs(touched.values())
+        forwarded_at = time.perf_counter()
+        updated = self._sample_and_update(scheduler_output, result.logits, failed) if result is not None else []
+        sampled_at = time.perf_counter()
+        if result is not None:
+            self.output_processor.record_prompt_logprobs(positions, result.prompt_logits, failed)
+        outputs = failed + self.output_processor.outputs(self.output_processor.record_tokens(updated, failed))
+        if self.tracer is not None:
+            marks = (started, scheduled_at, forwarded_at, sampled_at, time.perf_counter())
+            self.tracer.step(self.num_steps, marks, scheduler_output, scheduled, [r for r, _ in updated],
+                             self.scheduler)
+        self.num_steps += 1
+        return outputs
 
     def _forward(self, scheduler_output: SchedulerOutput, positions: dict[str, tuple[int, int]],
                  failed: list[RequestOutput]) -> RunnerOutput | None:
@@ -206,7 +178,8 @@ class LLMEngine:
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
                 raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
             for chunk in scheduler_output.chunks:
-                self._fail(self._sequences[chunk.request_id][0], error, "the forward pass", failed)
+                self.output_processor.fail(self.output_processor.group_of(chunk.request_id), error,
+                                           "the forward pass", failed)
             self.check_invariants()
             return None
         self._num_failed_forwards = 0
@@ -226,30 +199,19 @@ class LLMEngine:
         rows = parents + children
         sampled, errors = sample_isolated(self.sampler, logits, rows, self.grammars.mask_function)
         for row, error in errors.items():
-            self._fail(self._sequences[rows[row].request_id][0], error, "sampling", failed)
+            self.output_processor.fail(self.output_processor.group_of(rows[row].request_id), error, "sampling", failed)
         updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
         updated += self._start_children(children, sampled.token_ids[len(parents):])
         token_logprobs = {r.request_id: lp for r, lp in zip(rows, sampled.logprobs, strict=True)}
         for request in updated:
-            if request.request_id in self._sequences:
-                self._guarded([self._sequences[request.request_id][0]], "the grammar", failed, self._accept_grammar,
-                              request)
-        return [(r, token_logprobs[r.request_id]) for r in updated if r.request_id in self._sequences]
+            if request.request_id in self.output_processor.sequences:
+                self.output_processor.guarded([self.output_processor.group_of(request.request_id)], "the grammar",
+                                              failed, self._accept_grammar, request)
+        return [(r, token_logprobs[r.request_id]) for r in updated if r.request_id in self.output_processor.sequences]
 
     def _accept_grammar(self, request: Request) -> None:
         if self.grammars.accept(request) and not request.is_finished:
             self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
-
-    def _guarded(self, groups: list[SequenceGroup], phase: str, failed: list[RequestOutput],
-                 work: Callable[..., object], *args: object) -> bool:
-        """Run `work(*args)`; if it raises, the exception belongs to `groups`: they fail. True if it succeeded."""
-        try:
-            work(*args)
-        except Exception as error:
-            for group in groups:
-                self._fail(group, error, phase, failed)
-            return False
-        return True
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:
         """Schedule the requests whose grammar compiled since the last step; fail those whose grammar failed."""
@@ -258,9 +220,11 @@ class LLMEngine:
         ready, failed_compiles = self.grammars.take_compiled()
         for group in ready:  # admitted against the queue limit when added
             self.scheduler.add_request(group.first.request, check_queue_limit=False)
+            if self.tracer is not None:
+                self.tracer.queued(group.request_id, self.num_steps)
         failed: list[RequestOutput] = []
         for group, error in failed_compiles:
-            self._fail(group, error, "compiling the grammar", failed)
+            self.output_processor.fail(group, error, "compiling the grammar", failed)
         return failed
 
     def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
@@ -269,7 +233,7 @@ class LLMEngine:
         rows: list[int] = []
         sampling_chunks = [chunk for chunk in scheduler_output.chunks if chunk.samples]
         for row, chunk in enumerate(sampling_chunks):
-            group, sequence = self._sequences[chunk.request_id]
+            group, sequence = self.output_processor.sequences[chunk.request_id]
             if sequence.index != 0 or not group.unforked:
                 continue
             for child in group.unforked:
@@ -277,6 +241,8 @@ class LLMEngine:
                 # next step would let a child that ends at once free its block and someone else reuse it.)
                 self.runner.kv_cache.copy_blocks(
                     self.scheduler.fork_request(sequence.request, child.request, chunk.context_len))
+                if self.tracer is not None:
+                    self.tracer.fork(sequence.request, child.request, chunk.context_len)
                 children.append(child.request)
                 rows.append(row)
             group.unforked = []
@@ -292,37 +258,10 @@ class LLMEngine:
                 self.scheduler.append_token(child, token_id, now)
         return started
 
-    def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:
-        """Logprobs, text and stop strings of the sequence's newest token; finishes it on a stop string."""
-        request = sequence.request
-        stop_string = sequence.add_token(logprobs, self.logprob_formatter)
-        if stop_string is not None:
-            if not request.is_finished:
-                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop_string)
-            sequence.finish_reason, sequence.stop_reason = "stop", stop_string
-        elif request.is_finished:
-            sequence.finish_reason, sequence.stop_reason = request.status.finish_reason, request.stop_reason
-
-    def _outputs(self, groups: Iterable[SequenceGroup]) -> list[RequestOutput]:
-        outputs = []
-        for group in list(groups):
-            if group.request_id not in self._groups:
-                continue  # failed after it got its token: its output is already out
-            output = group.make_output()
-            if output is not None:
-                outputs.append(output)
-            if group.finished:
-                assert output is not None
-                self._forget(group, output)
-        return outputs
-
     # -- stats -------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
-        for group in self._groups.values():
-            for sequence in group.sequences:
-                live = sequence.request.request_id in self.scheduler.requests
-                assert live != (sequence.finished or sequence in group.unforked), (group.request_id, sequence.index)
+        self.output_processor.check_invariants()
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

@@ -1,0 +1,151 @@
+"""OutputProcessor: the user's side of the engine, apart from scheduling and the model.
+
+It owns the sequence groups (a user request and its n sequences), turns every new token into text, stop strings
+and logprobs, builds the `RequestOutput`s, and ends requests early: aborted, or failed alone. An exception that
+belongs to one request is caught here (`guarded`) and ends that request in the error state with its message; the
+other requests go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import torch
+
+from radixlm.core.scheduler import Scheduler
+from radixlm.engine.grammars import GrammarTracker
+from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.prompt_logprobs import record_prompt_logprobs
+from radixlm.engine.sequence_group import Sequence, SequenceGroup
+from radixlm.request import Request, RequestStatus
+from radixlm.sample.logprobs import TokenLogprobs
+from radixlm.trace.recorder import TraceRecorder
+
+logger = logging.getLogger(__name__)
+
+
+class OutputProcessor:
+    """`groups`: user request id -> its group; `sequences`: scheduler request id -> (group, sequence)."""
+
+    def __init__(self, scheduler: Scheduler, grammars: GrammarTracker, logprob_formatter: LogprobFormatter,
+                 tracer: TraceRecorder | None) -> None:
+        self.scheduler = scheduler
+        self.grammars = grammars
+        self.logprob_formatter = logprob_formatter
+        self.tracer = tracer
+        self.groups: dict[str, SequenceGroup] = {}
+        self.sequences: dict[str, tuple[SequenceGroup, Sequence]] = {}
+
+    def group_of(self, request_id: str) -> SequenceGroup:
+        """The group of a live scheduler request (sequence)."""
+        return self.sequences[request_id][0]
+
+    def add(self, group: SequenceGroup) -> None:
+        self.groups[group.request_id] = group
+        for sequence in group.sequences:
+            self.sequences[sequence.request.request_id] = (group, sequence)
+
+    def end_group(self, group: SequenceGroup, status: RequestStatus, error: str | None = None) -> RequestOutput:
+        """Finish every live sequence of `group` early with `status` (aborted, or failed with `error`), freeing
+        what the scheduler holds, and forget the group; returns its final output."""
+        for sequence in group.sequences:
+            if sequence.finished:
+                continue
+            if not self.scheduler.abort(sequence.request.request_id, status):  # not forked or not queued yet
+                sequence.request.transition(status)
+            sequence.finish_reason, sequence.stop_reason = status.finish_reason, None
+            group.changed.add(sequence.index)
+        group.unforked = []
+        group.error = error
+        output = group.make_output()
+        self.forget(group, output)
+        return output
+
+    def fail(self, group: SequenceGroup, error: BaseException, phase: str, failed: list[RequestOutput]) -> None:
+        """An exception that belongs to `group`: end it alone in the error state; the engine goes on."""
+        if group.request_id not in self.groups:
+            return  # already ended in this step
+        message = f"{phase} failed: {type(error).__name__}: {error}"
+        logger.error("request %s: %s", group.request_id, message, exc_info=error)
+        failed.append(self.end_group(group, RequestStatus.FINISHED_ERROR, message))
+
+    def forget(self, group: SequenceGroup, final_output: RequestOutput) -> None:
+        """Drop a finished group, then run its `on_finish` callback (once; what it raises is logged, not felt)."""
+        self.grammars.forget(group)
+        del self.groups[group.request_id]
+        for sequence in group.sequences:
+            del self.sequences[sequence.request.request_id]
+        if self.tracer is not None:
+            self.tracer.finish(group, final_output)
+        if group.on_finish is not None:
+            try:
+                group.on_finish(final_output)
+            except Exception:
+                logger.exception("request %s: the on_finish callback raised (ignored)", group.request_id)
+
+    def record_prompt_logprobs(self, positions: dict[str, tuple[int, int]], prompt_logits: dict[str, torch.Tensor],
+                               failed: list[RequestOutput]) -> None:
+        """Prompt logprobs of the positions computed this step (`prompt_logits[request_id]` holds their rows)."""
+        for request_id, (first, end) in positions.items():
+            if request_id in self.sequences:
+                group = self.sequences[request_id][0]
+                self.guarded([group], "prompt logprobs", failed, record_prompt_logprobs, group,
+                             prompt_logits[request_id], first, end, self.logprob_formatter)
+
+    def record_tokens(self, updated: list[tuple[Request, TokenLogprobs | None]],
+                      failed: list[RequestOutput]) -> list[SequenceGroup]:
+        """Text, stop strings and logprobs of every new token; returns the groups with news."""
+        touched: dict[str, SequenceGroup] = {}
+        for request, logprobs in updated:
+            if request.request_id not in self.sequences:
+                continue  # failed in this step
+            group, sequence = self.sequences[request.request_id]
+            if self.guarded([group], "detokenizing or stop checks", failed, self._record_token, sequence,
+                            logprobs):
+                group.changed.add(sequence.index)
+                touched[group.request_id] = group
+        return list(touched.values())
+
+    def guarded(self, groups: list[SequenceGroup], phase: str, failed: list[RequestOutput],
+                work: Callable[..., object], *args: object) -> bool:
+        """Run `work(*args)`; if it raises, the exception belongs to `groups`: they fail. True if it succeeded."""
+        try:
+            work(*args)
+        except Exception as error:
+            for group in groups:
+                self.fail(group, error, phase, failed)
+            return False
+        return True
+
+    def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:
+        """Logprobs, text and stop strings of the sequence's newest token; finishes it on a stop string."""
+        request = sequence.request
+        stop_string = sequence.add_token(logprobs, self.logprob_formatter)
+        if stop_string is not None:
+            if not request.is_finished:
+                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop_string)
+            sequence.finish_reason, sequence.stop_reason = "stop", stop_string
+        elif request.is_finished:
+            sequence.finish_reason, sequence.stop_reason = request.status.finish_reason, request.stop_reason
+
+    def outputs(self, groups: Iterable[SequenceGroup]) -> list[RequestOutput]:
+        """One output per group with news; finished groups are forgotten."""
+        outputs = []
+        for group in list(groups):
+            if group.request_id not in self.groups:
+                continue  # failed after it got its token: its output is already out
+            output = group.make_output()
+            if output is not None:
+                outputs.append(output)
+            if group.finished:
+                assert output is not None
+                self.forget(group, output)
+        return outputs
+
+    def check_invariants(self) -> None:
+        for group in self.groups.values():
+            for sequence in group.sequences:
+                live = sequence.request.request_id in self.scheduler.requests
+                assert live != (sequence.finished or sequence in group.unforked), (group.request_id, sequence.index)

@@ -1,0 +1,112 @@
+"""TraceRecorder: one JSON line per event of an engine's life, written as it happens (`--trace FILE`).
+
+Events (times in seconds from the start of the trace, monotonic clock):
+- `config`: first line; what a replay needs to rebuild the scheduler and KV manager.
+- `arrival`: request id, prompt tokens and their hash, sampling parameters (`SamplingParams.to_dict`), priority,
+  metadata, `queued` (false while its grammar compiles; a `queued` event follows), `step` (the next step's index).
+- `queued`, `abort`: a request entering the scheduler late, or aborted, before step `step`.
+- `step`: its index and start, the time spent scheduling, in the forward, sampling (with the token updates) and
+  producing outputs; every chunk as [request id, start position, tokens]; preemptions; forks as [parent, child,
+  context length]; the tokens sampled as [request id, token]; the sequences that ended as [request id, status];
+  cache hits (tokens) of first admissions, blocks evicted, KV usage and the queue lengths after the step.
+- `finish`: a user request's end: reason, output tokens, TTFT and e2e, metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any
+
+from radixlm.config import EngineConfig
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.scheduler import Scheduler
+from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.sequence_group import SequenceGroup
+from radixlm.request import Request
+
+TRACE_VERSION = 1
+
+
+def prompt_hash(token_ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:16]
+
+
+class TraceRecorder:
+    """Owned by one engine; `close()` flushes the file. Nothing here runs when tracing is off."""
+
+    def __init__(self, path: str | Path, config: EngineConfig, num_blocks: int, max_model_len: int,
+                 eos_token_ids: frozenset[int]) -> None:
+        self._file: IO[str] = Path(path).open("w", encoding="utf-8", buffering=1)  # noqa: SIM115  (one line an event, open for the engine's life)
+        self._start = time.monotonic()
+        self._children: list[tuple[str, str, int]] = []
+        self._evicted_seen = 0
+        scheduler = {k: v for k, v in asdict(config.scheduler).items() if k != "trace"}
+        self._write({"event": "config", "version": TRACE_VERSION, "model": config.model.model,
+                     "scheduler": scheduler, "num_blocks": num_blocks, "block_size": config.cache.block_size,
+                     "enable_prefix_caching": config.cache.enable_prefix_caching, "max_model_len": max_model_len,
+                     "eos_token_ids": sorted(eos_token_ids)})
+
+    def _write(self, event: dict[str, Any]) -> None:
+        self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
+
+    def time(self, monotonic: float | None = None) -> float:
+        return round((time.monotonic() if monotonic is None else monotonic) - self._start, 6)
+
+    def arrival(self, group: SequenceGroup, queued: bool, step: int) -> None:
+        first = group.first.request
+        self._write({"event": "arrival", "time": self.time(first.times.arrival), "step": step,
+                     "request_id": group.request_id, "prompt_len": len(group.prompt_token_ids),
+                     "prompt_hash": prompt_hash(group.prompt_token_ids), "prompt_token_ids": group.prompt_token_ids,
+                     "params": group.params.to_dict(), "priority": first.priority, "queued": queued,
+                     "metadata": group.metadata})
+
+    def queued(self, request_id: str, step: int) -> None:
+        self._write({"event": "queued", "time": self.time(), "step": step, "request_id": request_id})
+
+    def abort(self, request_id: str, step: int) -> None:
+        self._write({"event": "abort", "time": self.time(), "step": step, "request_id": request_id})
+
+    def fork(self, parent: Request, child: Request, context_len: int) -> None:
+        self._children.append((parent.request_id, child.request_id, context_len))
+
+    def step(self, index: int, marks: tuple[float, float, float, float, float], output: SchedulerOutput,
+             requests: list[Request], sampled: list[Request], scheduler: Scheduler) -> None:
+        """`marks`: perf_counter at the start, after scheduling, after the forward, after sampling, at the end;
+        `requests`: those scheduled; `sampled`: those that received a token (forked children included)."""
+        children = [scheduler.requests.get(child) for _, child, _ in self._children]
+        everyone = requests + [c for c in children if c is not None]
+        manager = scheduler.kv_cache_manager
+        evicted = manager.num_evicted_blocks - self._evicted_seen
+        self._evicted_seen = manager.num_evicted_blocks
+        by_id = {r.request_id: r for r in requests}
+        start, scheduled, forwarded, sampled_at, end = marks
+        self._write({
+            "event": "step", "step": index, "time": round(self.time() - (end - start), 6),
+            "schedule_s": round(scheduled - start, 6), "forward_s": round(forwarded - scheduled, 6),
+            "sample_s": round(sampled_at - forwarded, 6), "outputs_s": round(end - sampled_at, 6),
+            "chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
+            "preempted": output.preempted_request_ids, "forks": self._children,
+            "sampled": [[r.request_id, r.last_token_id] for r in sampled],
+            "ended": [[r.request_id, r.status.name] for r in everyone if r.is_finished],
+            "cache_hits": {c.request_id: c.start_position for c in output.chunks if c.start_position > 0 and
+                           c.start_position == by_id[c.request_id].num_cached_tokens and
+                           by_id[c.request_id].num_output_tokens == int(c.samples)},
+            "evicted_blocks": evicted, "kv_used_blocks": manager.block_pool.num_used_blocks,
+            "num_running": scheduler.num_running, "num_waiting": scheduler.num_waiting})
+        self._children = []
+
+    def finish(self, group: SequenceGroup, output: RequestOutput) -> None:
+        first = group.first.request
+        self._write({"event": "finish", "time": self.time(), "request_id": group.request_id,
+                     "reasons": [c.finish_reason for c in output.outputs], "error": output.error,
+                     "output_tokens": sum(s.request.num_output_tokens for s in group.sequences),
+                     "ttft": output.metrics.ttft, "e2e": output.metrics.e2e,
+                     "first_token": self.time(first.times.first_token) if first.times.first_token else None,
+                     "metadata": group.metadata})
+
+    def close(self) -> None:
+        self._file.close()
