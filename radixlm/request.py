@@ -52,6 +52,12 @@ _ALLOWED_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
 }
 
 
+def sequence_id(request_id: str, index: int) -> str:
+    """The scheduler's id of sequence `index` of a user request (n > 1): the user's id for the first, a suffixed
+    one for the others."""
+    return request_id if index == 0 else f"{request_id}#{index}"
+
+
 class IllegalTransitionError(RuntimeError):
     """Raised when a request is moved between states the state machine does not connect."""
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence as Seq
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
-from radixlm.engine.sequence_group import Sequence, SequenceGroup, sequence_id
+from radixlm.engine.sequence_group import Sequence, SequenceGroup
 from radixlm.engine.text_stream import TextStream
-from radixlm.request import Request
+from radixlm.request import Request, sequence_id
 from radixlm.sample.rng import mix_seed
 from radixlm.sampling_params import SamplingParams
 

@@ -30,10 +30,9 @@ from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.prompt_logprobs import prompt_logits_positions
-from radixlm.engine.sequence_group import sequence_id
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner, RunnerOutput
-from radixlm.request import Request, RequestStatus
+from radixlm.request import Request, RequestStatus, sequence_id
 from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sample.sampler import Sampler
@@ -164,7 +163,7 @@ class LLMEngine:
         if self.tracer is not None:
             marks = (started, scheduled_at, forwarded_at, sampled_at, time.perf_counter())
             self.tracer.step(self.num_steps, marks, scheduler_output, scheduled, [r for r, _ in updated],
-                             self.scheduler)
+                             self.scheduler, forward_failed=result is None)
         self.num_steps += 1
         return outputs
 

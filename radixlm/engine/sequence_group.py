@@ -20,11 +20,6 @@ from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.sampling_params import SamplingParams
 
 
-def sequence_id(request_id: str, index: int) -> str:
-    """The scheduler's id of sequence `index`: the user's id for the first, a suffixed one for the others."""
-    return request_id if index == 0 else f"{request_id}#{index}"
-
-
 @dataclass
 class Sequence:
     """The engine's side of one generated sequence: its text, logprobs and how it finished."""

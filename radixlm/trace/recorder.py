@@ -74,7 +74,7 @@ class TraceRecorder:
         self._children.append((parent.request_id, child.request_id, context_len))
 
     def step(self, index: int, marks: tuple[float, float, float, float, float], output: SchedulerOutput,
-             requests: list[Request], sampled: list[Request], scheduler: Scheduler) -> None:
+             requests: list[Request], sampled: list[Request], scheduler: Scheduler, forward_failed: bool) -> None:
         """`marks`: perf_counter at the start, after scheduling, after the forward, after sampling, at the end;
         `requests`: those scheduled; `sampled`: those that received a token (forked children included)."""
         children = [scheduler.requests.get(child) for _, child, _ in self._children]
@@ -89,7 +89,7 @@ class TraceRecorder:
             "schedule_s": round(scheduled - start, 6), "forward_s": round(forwarded - scheduled, 6),
             "sample_s": round(sampled_at - forwarded, 6), "outputs_s": round(end - sampled_at, 6),
             "chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
-            "preempted": output.preempted_request_ids, "forks": self._children,
+            "preempted": output.preempted_request_ids, "forks": self._children, "forward_failed": forward_failed,
             "sampled": [[r.request_id, r.last_token_id] for r in sampled],
             "ended": [[r.request_id, r.status.name] for r in everyone if r.is_finished],
             "cache_hits": {c.request_id: c.start_position for c in output.chunks if c.start_position > 0 and

@@ -1,0 +1,143 @@
+"""Replay a step trace through a fresh scheduler and KV manager (no model: a stand-in returns the recorded tokens).
+
+- `replay(trace)`: the recorded arrivals, aborts and token events at their recorded steps; every step must schedule
+  the recorded chunks and preemptions. Returns the first divergence, or None.
+- `what_if(trace, **overrides)` (`what_if.py`) runs the same requests under other scheduler flags, with step times
+  from a cost model fitted to the trace.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixlm.config import SchedulerConfig
+from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.scheduler import Scheduler
+from radixlm.request import Request, RequestStatus, sequence_id
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass
+class Trace:
+    config: dict[str, Any]
+    events: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not lines or lines[0].get("event") != "config":
+            raise ValueError(f"{path} is not a radixlm trace (its first line must be the config event)")
+        return cls(lines[0], lines[1:])
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [event for event in self.events if event["event"] == kind]
+
+
+@dataclass
+class ReplayState:
+    """A scheduler rebuilt from a trace's config, and the requests of the arrivals seen so far."""
+
+    scheduler: Scheduler
+    eos_token_ids: frozenset[int]
+    requests: dict[str, Request] = field(default_factory=dict)  # sequence id -> request
+    groups: dict[str, list[str]] = field(default_factory=dict)  # user request id -> its sequence ids
+
+    @classmethod
+    def build(cls, config: dict[str, Any], **overrides: Any) -> ReplayState:
+        scheduler_options = {**config["scheduler"], **{k: v for k, v in overrides.items() if k != "num_kv_blocks"}}
+        num_blocks = overrides.get("num_kv_blocks") or config["num_blocks"]
+        manager = KVCacheManager(num_blocks, config["block_size"], config["enable_prefix_caching"])
+        scheduler = Scheduler(SchedulerConfig(**scheduler_options), manager,
+                              min(config["max_model_len"], num_blocks * config["block_size"]))
+        return cls(scheduler, frozenset(config["eos_token_ids"]))
+
+    def arrive(self, event: dict[str, Any], arrival_time: float | None = None) -> Request:
+        """Build the request's sequences; returns the first (queued by the caller when it is)."""
+        params = SamplingParams.from_dict(event["params"])
+        ids = [sequence_id(event["request_id"], i) for i in range(params.num_sequences)]
+        for seq_id in ids:
+            self.requests[seq_id] = Request(seq_id, event["prompt_token_ids"], params, self.eos_token_ids,
+                                            arrival_order=len(self.groups), priority=event["priority"],
+                                            arrival_time=arrival_time)
+        self.groups[event["request_id"]] = ids
+        return self.requests[ids[0]]
+
+    def end(self, seq_id: str, status: RequestStatus) -> None:
+        request = self.requests.get(seq_id)
+        if request is not None and seq_id in self.scheduler.requests:
+            self.scheduler.finish_request(request, status)
+        elif request is not None and not request.is_finished:
+            request.transition(status)  # never queued (an unforked sequence, a grammar still compiling)
+
+    def abort(self, request_id: str) -> None:
+        for seq_id in self.groups.get(request_id, []):
+            self.end(seq_id, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass
+class Divergence:
+    step: int
+    recorded: dict[str, Any]
+    replayed: dict[str, Any]
+
+    def __str__(self) -> str:
+        return (f"step {self.step} diverges:\n  recorded: {json.dumps(self.recorded)}\n"
+                f"  replayed: {json.dumps(self.replayed)}")
+
+
+def chunk_view(output: SchedulerOutput) -> dict[str, Any]:
+    return {"chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
+            "preempted": list(output.preempted_request_ids)}
+
+
+def replay(trace: Trace) -> tuple[int, Divergence | None]:
+    """Replay every recorded step; returns the number of steps that matched and the first divergence."""
+    state = ReplayState.build(trace.config)
+    scheduler = state.scheduler
+    num_matched = 0
+    for event in trace.events:
+        kind = event["event"]
+        if kind == "arrival":
+            first = state.arrive(event)
+            if event["queued"]:
+                scheduler.add_request(first, check_queue_limit=False)
+        elif kind == "queued":
+            scheduler.add_request(state.requests[event["request_id"]], check_queue_limit=False)
+        elif kind == "abort":
+            state.abort(event["request_id"])
+        elif kind == "step":
+            output = scheduler.schedule()
+            recorded = {"chunks": event["chunks"], "preempted": event["preempted"]}
+            if chunk_view(output) != recorded:
+                return num_matched, Divergence(event["step"], recorded, chunk_view(output))
+            apply_recorded_tokens(state, output, event)
+            num_matched += 1
+    return num_matched, None
+
+
+def apply_recorded_tokens(state: ReplayState, output: SchedulerOutput, event: dict[str, Any]) -> None:
+    """What the engine did after the forward of a recorded step: forks, sampled tokens, engine-side ends."""
+    scheduler = state.scheduler
+    ended = {seq_id: RequestStatus[status] for seq_id, status in event["ended"]}
+    tokens = dict(event["sampled"])
+    if event.get("forward_failed"):
+        for seq_id, status in ended.items():
+            state.end(seq_id, status)
+        return
+    for parent, child, context_len in event["forks"]:
+        scheduler.fork_request(state.requests[parent], state.requests[child], context_len)
+    for seq_id, status in ended.items():  # failed in sampling: ended before the tokens were appended
+        if status is RequestStatus.FINISHED_ERROR and seq_id not in tokens:
+            state.end(seq_id, status)
+    scheduler.update_from_output(output, [tokens.get(rid, 0) for rid in output.sampling_request_ids])
+    now = time.monotonic()
+    for _, child, _ in event["forks"]:
+        if child in tokens and child in scheduler.requests:
+            scheduler.append_token(state.requests[child], tokens[child], now)
+    for seq_id, status in ended.items():
+        state.end(seq_id, status)
