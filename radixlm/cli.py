@@ -93,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(handler=_cmd_serve)
 
     from radixlm.bench.cli import add_bench_commands
+    from radixlm.trace.cli import add_trace_commands
 
     add_bench_commands(commands)
+    add_trace_commands(commands)
     return parser
 
 

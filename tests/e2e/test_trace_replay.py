@@ -69,3 +69,33 @@ def test_replay_reports_the_step_where_a_decision_changed(trace_path, tmp_path):
     num_matched, divergence = replay(Trace.load(changed))
     assert divergence is not None and divergence.step == target["step"] and num_matched == target["step"]
     assert "recorded" in str(divergence) and "replayed" in str(divergence)
+
+
+def test_show_export_and_what_if_from_the_command_line(trace_path, tmp_path, capsys):
+    from radixlm.cli import main
+
+    main(["replay", str(trace_path)])
+    assert "0 divergences" in capsys.readouterr().out
+    main(["trace", "show", str(trace_path), "--request", "r3"])
+    shown = capsys.readouterr().out
+    assert "arrival" in shown and "prefill chunk" in shown and "first token" in shown and "finished" in shown
+    assert "cache hit" in shown and "decode" in shown
+    main(["trace", "show", str(trace_path), "--request", "forked"])
+    assert "forked#2 forked from forked" in capsys.readouterr().out
+
+    out = tmp_path / "chrome.json"
+    main(["trace", "export", str(trace_path), "--chrome", str(out)])
+    exported = json.loads(out.read_text())
+    assert exported["traceEvents"]
+    for event in exported["traceEvents"]:  # the Trace Event format's required fields
+        assert {"name", "ph", "pid", "tid"} <= set(event)
+        assert event["ph"] in ("X", "i", "M")
+        if event["ph"] != "M":
+            assert isinstance(event["ts"], float) and event["ts"] >= 0
+        if event["ph"] == "X":
+            assert event["dur"] >= 0
+    assert {e["args"]["name"] for e in exported["traceEvents"] if e["name"] == "thread_name"} >= {"r0", "late"}
+
+    main(["replay", str(trace_path), "--max-num-batched-tokens", "12"])
+    table = capsys.readouterr().out
+    assert "| recorded |" in table and "| model, recorded flags |" in table and "what-if" in table
