@@ -68,6 +68,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def _cmd_debug(args: argparse.Namespace) -> None:
+    from radixlm.debug_shell import DebugShell
+    from radixlm.engine.llm_engine import build_engine
+
+    DebugShell(build_engine(**engine_kwargs(args))).cmdloop()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     parser.add_argument("--log-level", default="INFO",
@@ -91,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413")
     add_engine_args(serve)
     serve.set_defaults(handler=_cmd_serve)
+
+    debug = commands.add_parser("debug", help="an interactive prompt over an engine: add, step, batch, queue, "
+                                              "blocks, tree, request (reads stdin)")
+    add_engine_args(debug)
+    debug.set_defaults(handler=_cmd_debug)
 
     from radixlm.bench.cli import add_bench_commands
     from radixlm.trace.cli import add_trace_commands

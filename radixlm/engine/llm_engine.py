@@ -68,6 +68,7 @@ class LLMEngine:
         self.admission = Admission(config, self.tokenizer, self.runner.shape.vocab_size, self.eos_token_ids)
         self._num_failed_forwards = 0  # in a row
         self.num_steps = 0  # steps that ran a forward (or tried to)
+        self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools
         self.tracer = TraceRecorder(config.scheduler.trace, config, self.runner.kv_cache.num_blocks,
                                     self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
         self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
@@ -151,6 +152,7 @@ class LLMEngine:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
         scheduled_at = time.perf_counter()
+        self.last_scheduler_output = scheduler_output
         scheduled = [self.scheduler.requests[c.request_id] for c in scheduler_output.chunks] if self.tracer else []
         positions = prompt_logits_positions(scheduler_output, self.output_processor.sequences)
         result = self._forward(scheduler_output, positions, failed)
