@@ -7,8 +7,10 @@ from the event loop with `render()`.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +25,7 @@ from prometheus_client import (
 from radixlm.engine.outputs import RequestOutput
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+RECENT_SAMPLES = 2400  # engine-loop samples kept for the dashboard (minutes at a few steps a second)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)
 _REQUEST_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
@@ -41,6 +44,12 @@ class SchedulerStats:
     prefix_cache_hit_rate: float = 0.0  # cached / looked-up prompt tokens since start, 0..1
     num_evicted_blocks: int = 0  # cumulative
     num_used_blocks: int = 0  # KV blocks held by live requests: 0 when none is live, or blocks leaked
+    num_tree_nodes: int = 0  # radix tree size
+    num_tree_tokens: int = 0
+    num_step_tokens: int = 0  # tokens computed by the last step, and its chunks and seconds
+    num_step_chunks: int = 0
+    step_seconds: float = 0.0
+    num_steps: int = 0  # steps run so far (the dashboard shows each once)
 
 
 class EngineMetrics:
@@ -86,6 +95,8 @@ class EngineMetrics:
                                          "(stop, length, abort, error).", labelnames=[*labels, "finished_reason"],
                                          registry=self.registry)
         self._model_name = model_name
+        self.recent: deque[dict[str, float]] = deque(maxlen=RECENT_SAMPLES)  # for the dashboard
+        self._num_generated = 0
         self._last_token_time: dict[str, float] = {}
         self._num_preemptions_seen = 0
         self._num_evicted_seen = 0
@@ -105,6 +116,7 @@ class EngineMetrics:
             elif num_new_tokens:
                 self.inter_token_latency.observe(now - last_time)
             self.generation_tokens.inc(num_new_tokens)
+            self._num_generated += num_new_tokens
             if output.finished:
                 self._last_token_time.pop(output.request_id, None)
                 self.observe_finished(_finish_reason(output))
@@ -117,6 +129,7 @@ class EngineMetrics:
         self.requests_finished.labels(self._model_name, reason).inc()
 
     def observe_scheduler(self, stats: SchedulerStats) -> None:
+        self.recent.append({"time": time.time(), **asdict(stats), "num_generated": self._num_generated})
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)

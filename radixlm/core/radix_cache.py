@@ -71,6 +71,8 @@ class RadixCache:
         self.root.lock_ref = 1  # never evicted
         self._clock = itertools.count(1)
         self.num_evicted_blocks = 0
+        self.num_nodes = 0  # below the root
+        self.num_tokens = 0  # on all edges
 
     # -- lookups -----------------------------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
@@ -124,6 +126,8 @@ class RadixCache:
             self.block_pool.incref(new_blocks)
             child = RadixNode(token_ids[matched:], matched, new_blocks, node)
             node.children[child.token_ids[0]] = child
+            self.num_nodes += 1
+            self.num_tokens += len(child.token_ids)
             node = child
         self._touch(node)
         return node
@@ -147,6 +151,7 @@ class RadixCache:
         node.start = boundary
         node.parent = upper
         upper.children[node.token_ids[0]] = node
+        self.num_nodes += 1
         return upper
 
     def _touch(self, node: RadixNode) -> None:
@@ -179,6 +184,8 @@ class RadixCache:
             assert parent is not None
             del parent.children[leaf.token_ids[0]]
             self.block_pool.free(leaf.block_ids)
+            self.num_nodes -= 1
+            self.num_tokens -= len(leaf.token_ids)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         freed = self.block_pool.num_free_blocks - free_before
@@ -211,6 +218,8 @@ class RadixCache:
     def check_invariants(self) -> None:
         """Edges are non-empty and keyed by their first token, positions chain, blocks cover each edge exactly,
         and a node's lock count covers the locks of its children."""
+        nodes = list(self._nodes())
+        assert (self.num_nodes, self.num_tokens) == (len(nodes), sum(len(n.token_ids) for n in nodes)), "counts"
         for node in self._nodes():
             parent = node.parent
             assert parent is not None and parent.children.get(node.token_ids[0]) is node, f"{node} badly linked"

@@ -59,14 +59,19 @@ def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
     pool = manager.block_pool
     held = len({block_id for request in scheduler.running for block_id in request.block_table})
     num_used_blocks = held
+    tree, step = manager.radix_cache, engine.last_scheduler_output
     if not scheduler.requests:  # idle: every used block should be the tree's; any other one leaked
-        tree_blocks = manager.radix_cache.block_refs() if manager.radix_cache is not None else {}
+        tree_blocks = tree.block_refs() if tree is not None else {}
         num_used_blocks = pool.num_used_blocks - len(tree_blocks)
     return SchedulerStats(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
                           kv_cache_usage=held / pool.num_blocks,
                           prefix_cache_usage=(pool.num_used_blocks - held) / pool.num_blocks,
                           num_preemptions=scheduler.num_preemptions, prefix_cache_hit_rate=manager.stats.hit_rate,
-                          num_evicted_blocks=manager.num_evicted_blocks, num_used_blocks=num_used_blocks)
+                          num_evicted_blocks=manager.num_evicted_blocks, num_used_blocks=num_used_blocks,
+                          num_tree_nodes=tree.num_nodes if tree else 0, num_tree_tokens=tree.num_tokens if tree else 0,
+                          num_step_tokens=step.num_scheduled_tokens if step else 0,
+                          num_step_chunks=len(step.chunks) if step else 0, step_seconds=engine.last_step_seconds,
+                          num_steps=engine.num_steps)
 
 
 class OutputStream:

@@ -68,7 +68,8 @@ class LLMEngine:
         self.admission = Admission(config, self.tokenizer, self.runner.shape.vocab_size, self.eos_token_ids)
         self._num_failed_forwards = 0  # in a row
         self.num_steps = 0  # steps that ran a forward (or tried to)
-        self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools
+        self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools and the dashboard
+        self.last_step_seconds = 0.0
         self.tracer = TraceRecorder(config.scheduler.trace, config, self.runner.kv_cache.num_blocks,
                                     self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
         self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
@@ -162,6 +163,7 @@ class LLMEngine:
         if result is not None:
             self.output_processor.record_prompt_logprobs(positions, result.prompt_logits, failed)
         outputs = failed + self.output_processor.outputs(self.output_processor.record_tokens(updated, failed))
+        self.last_step_seconds = time.perf_counter() - started
         if self.tracer is not None:
             marks = (started, scheduled_at, forwarded_at, sampled_at, time.perf_counter())
             self.tracer.step(self.num_steps, marks, scheduler_output, scheduled, [r for r, _ in updated],

@@ -29,6 +29,7 @@ from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics
 from radixlm.server.chat import ChatCompletions
 from radixlm.server.completions import Completions
+from radixlm.server.dashboard import dashboard_router
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
 from radixlm.server.protocol import DetokenizeRequest, TokenizeRequest
 from radixlm.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
@@ -93,6 +94,8 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
         if reason is not None:
             return APIError(503, reason, code="engine_unavailable").response()
         return JSONResponse({"status": "ok"})
+
+    app.include_router(dashboard_router(async_engine.metrics, model_name))
 
     @app.get("/metrics")
     async def metrics() -> Response:
