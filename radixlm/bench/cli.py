@@ -58,6 +58,17 @@ def _cmd_soak(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _cmd_trace(args: argparse.Namespace) -> None:
+    from radixlm.bench.trace_cost import bench_trace
+    from radixlm.bench.workload import parse_range
+    from radixlm.cli import engine_kwargs
+
+    options = engine_kwargs(args)
+    options.pop("trace", None)  # the bench runs both settings
+    bench_trace(options, args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.repeats,
+                args.workload_seed)
+
+
 def _cmd_peers(args: argparse.Namespace) -> None:
     from radixlm.bench.peers import Case, bench_peers
 
@@ -108,6 +119,15 @@ def add_bench_commands(commands: Any) -> None:
     sampler.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(sampler)
     sampler.set_defaults(handler=_cmd_sampler)
+
+    trace = kinds.add_parser("trace", help="throughput with --trace off and on, alternating: what tracing costs")
+    trace.add_argument("--num-prompts", type=int, default=32)
+    trace.add_argument("--input-len", default="64-256", help="prompt length range LOW-HIGH")
+    trace.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
+    trace.add_argument("--repeats", type=int, default=3)
+    trace.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(trace)
+    trace.set_defaults(handler=_cmd_trace)
 
     peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
     peers.add_argument("--radixlm", default="--num-threads 2;--num-threads 2 --quantization int8",

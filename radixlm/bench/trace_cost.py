@@ -1,0 +1,34 @@
+"""`radixlm bench trace`: what `--trace` costs. The same random workload through one engine without a trace and
+one with it, alternating (off, on, off, on, ...) so that drift on a shared machine hits both; prints each run and
+the overhead of tracing on output throughput (the goal: at most 2%)."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+from radixlm.bench.offline import run_radixlm
+from radixlm.bench.workload import random_requests
+from radixlm.engine.llm import LLM
+
+
+def bench_trace(engine_options: dict, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                repeats: int, seed: int) -> float:
+    """Returns the overhead of tracing as a fraction of the untraced throughput (median of the runs)."""
+    with tempfile.TemporaryDirectory() as folder:
+        trace_path = Path(folder) / "trace.jsonl"
+        engines = {"off": LLM(**engine_options), "on": LLM(**engine_options, trace=str(trace_path))}
+        requests = random_requests(engines["off"].tokenizer, num_prompts, input_len, output_len, seed)
+        throughput: dict[str, list[float]] = {"off": [], "on": []}
+        for repeat in range(repeats):
+            for name in ("off", "on"):
+                result = run_radixlm(engines[name], requests)
+                throughput[name].append(result.output_tok_s)
+                print(f"run {repeat + 1}, trace {name}: {result.output_tok_s:.1f} output tok/s", flush=True)
+        trace_bytes = trace_path.stat().st_size
+    off, on = statistics.median(throughput["off"]), statistics.median(throughput["on"])
+    overhead = 1 - on / off
+    print(f"\n{num_prompts} prompts x {repeats} runs each: trace off {off:.1f}, on {on:.1f} output tok/s (medians); "
+          f"tracing costs {100 * overhead:.2f}% of throughput ({trace_bytes / 2**20:.1f} MiB of trace)")
+    return overhead
