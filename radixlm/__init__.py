@@ -1,11 +1,31 @@
-"""radixlm: an SGLang-style LLM inference engine in readable Python."""
+"""radixlm: an SGLang-style LLM inference engine in readable Python.
 
-from radixlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from radixlm.engine.llm import LLM
-from radixlm.engine.llm_engine import LLMEngine
-from radixlm.engine.outputs import CompletionOutput, RequestOutput
-from radixlm.sampling_params import SamplingParams
+The public names are imported on first use, so that `import radixlm.core.scheduler` (pure Python) loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from radixlm.engine.llm import LLM
+    from radixlm.engine.llm_engine import LLMEngine
+    from radixlm.engine.outputs import CompletionOutput, RequestOutput
+    from radixlm.sampling_params import SamplingParams
+
+_EXPORTS = {"LLM": "radixlm.engine.llm", "LLMEngine": "radixlm.engine.llm_engine",
+            "CompletionOutput": "radixlm.engine.outputs", "RequestOutput": "radixlm.engine.outputs",
+            "SamplingParams": "radixlm.sampling_params", "CacheConfig": "radixlm.config",
+            "EngineConfig": "radixlm.config", "ModelConfig": "radixlm.config", "SchedulerConfig": "radixlm.config"}
 
 __all__ = ["LLM", "CacheConfig", "CompletionOutput", "EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput",
            "SamplingParams", "SchedulerConfig"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'radixlm' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
