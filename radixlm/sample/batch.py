@@ -25,7 +25,7 @@ class SamplingBatch:
     """Row i holds the parameters of `requests[i]`; `*_rows` are the row indices a stage applies to."""
 
     num_rows: int
-    greedy_rows: torch.Tensor  # temperature 0: exact argmax
+    greedy_rows: torch.Tensor  # temperature below 1e-5: exact argmax
     random_rows: torch.Tensor
     temperatures: torch.Tensor  # [R] of the random rows
     unit_temperatures: bool  # every temperature in `temperatures` is exactly 1: dividing by them changes nothing
@@ -61,7 +61,9 @@ class SamplingBatch:
         bias = [(row, token_id, value) for row, p in enumerate(params) for token_id, value in p.logit_bias or ()]
         bans = [(row, token_id, r.sampling_params.min_tokens) for row, r in enumerate(requests)
                 if r.sampling_params.min_tokens > 0 for token_id in sorted(banned_until_min_tokens(r))]
-        temperatures = torch.tensor([p.temperature for p in random_params], dtype=torch.float32)
+        # A temperature beyond float32's range would be inf, and inf / inf is NaN: the largest float32 is as flat.
+        temperatures = torch.tensor([p.temperature for p in random_params], dtype=torch.float64).clamp_(
+            max=torch.finfo(torch.float32).max).float()
         return cls(
             num_rows=len(requests),
             greedy_rows=_rows(greedy),
