@@ -11,11 +11,61 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
 from radixlm.structured.spec import GrammarSpec
+
+
+def lone_surrogate_path(value: Any) -> str | None:
+    """Where in a parsed JSON value (dict keys included) a string holds a lone UTF-16 surrogate ("\\ud800" in
+    JSON), as ".key.0..." ('' for the value itself), or None. Such text cannot be encoded as UTF-8, so no tokenizer
+    or response can take it. Iterative, so that deeply nested bodies cannot exhaust the stack; numbers are skipped
+    without building their paths, so that a long list of token ids costs little."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if not _is_utf8(item):
+                return path
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and not _is_utf8(key):
+                    return f"{path}.{key}"
+                if isinstance(child, (str, dict, list)):
+                    stack.append((f"{path}.{key}", child))
+        elif isinstance(item, list) and not _SCALAR_TYPES.issuperset(map(type, item)):  # (map: C speed)
+            stack.extend((f"{path}.{i}", child) for i, child in enumerate(item)
+                         if isinstance(child, (str, dict, list)))
+    return None
+
+
+_SCALAR_TYPES = frozenset({int, float, bool, type(None)})
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: text that is not valid Unicode is refused (400) naming the field."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        path = lone_surrogate_path(value)
+        if path is not None:
+            readable = path.lstrip(".").encode("utf-8", "backslashreplace").decode("utf-8")
+            where = f" (at {readable})" if path else ""
+            raise ValueError(f"holds a lone UTF-16 surrogate{where}, which is not valid Unicode text")
+        return value
 
 
 def _is_off(value: Any) -> bool:
@@ -27,10 +77,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(RequestBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
-    model_config = ConfigDict(extra="ignore")
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
 
     model: str | None = None
@@ -187,10 +236,9 @@ class CompletionRequest(SamplingRequest):
         return super().to_sampling_params(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs, **overrides)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """vLLM's /tokenize: a `prompt`, or chat `messages` rendered with the chat template."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -198,7 +246,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
