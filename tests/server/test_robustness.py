@@ -109,16 +109,20 @@ def test_prompt_that_can_never_fit_is_refused_untokenized(app, path, body, param
 
 
 def test_health_answers_within_100ms_while_a_12mb_prompt_is_handled(app):
-    async def measure() -> tuple[list[float], int]:
-        big = app.client.post("/v1/completions", json={"prompt": "the quick " * (HUGE_PROMPT_CHARS // 10),
-                                                       "max_tokens": 2})
+    body = json.dumps({"prompt": "the quick " * (HUGE_PROMPT_CHARS // 10), "max_tokens": 2}).encode()
+
+    async def measure() -> tuple[list[float], int]:  # (the body is encoded beforehand: the client's work is not
+        big = app.client.post("/v1/completions", content=body,  # the server's, though here they share a loop)
+                              headers={"Content-Type": "application/json"})
         task = asyncio.ensure_future(big)
+        # A client asking at any moment waits as long as the loop is busy: measure whole iterations, so that a
+        # pause of the loop between two /health calls counts too.
         latencies = []
         while not task.done() or len(latencies) < 5:
             start = time.monotonic()
-            assert (await app.client.get("/health")).status_code == 200
-            latencies.append(time.monotonic() - start)
             await asyncio.sleep(0.01)
+            assert (await app.client.get("/health")).status_code == 200
+            latencies.append(time.monotonic() - start - 0.01)
         return latencies, (await task).status_code
 
     latencies, status = app.portal.call(measure)
