@@ -14,57 +14,23 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from radixlm.server.json_checks import body_problem
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
 from radixlm.structured.spec import GrammarSpec
 
 
-def lone_surrogate_path(value: Any) -> str | None:
-    """Where in a parsed JSON value (dict keys included) a string holds a lone UTF-16 surrogate ("\\ud800" in
-    JSON), as ".key.0..." ('' for the value itself), or None. Such text cannot be encoded as UTF-8, so no tokenizer
-    or response can take it. Iterative, so that deeply nested bodies cannot exhaust the stack; numbers are skipped
-    without building their paths, so that a long list of token ids costs little."""
-    stack: list[tuple[str, Any]] = [("", value)]
-    while stack:
-        path, item = stack.pop()
-        if isinstance(item, str):
-            if not _is_utf8(item):
-                return path
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                if isinstance(key, str) and not _is_utf8(key):
-                    return f"{path}.{key}"
-                if isinstance(child, (str, dict, list)):
-                    stack.append((f"{path}.{key}", child))
-        elif isinstance(item, list) and not _SCALAR_TYPES.issuperset(map(type, item)):  # (map: C speed)
-            stack.extend((f"{path}.{i}", child) for i, child in enumerate(item)
-                         if isinstance(child, (str, dict, list)))
-    return None
-
-
-_SCALAR_TYPES = frozenset({int, float, bool, type(None)})
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 class RequestBody(BaseModel):
-    """Base of every request body: text that is not valid Unicode is refused (400) naming the field."""
+    """Base of every request body: text that is not valid Unicode, or nesting deeper than MAX_NESTING, anywhere
+    in a field is refused (400) naming the field (`json_checks.py`)."""
 
     model_config = ConfigDict(extra="ignore")
 
     @field_validator("*", mode="before")
     @classmethod
-    def _valid_unicode(cls, value: Any) -> Any:
-        path = lone_surrogate_path(value)
-        if path is not None:
-            readable = path.lstrip(".").encode("utf-8", "backslashreplace").decode("utf-8")
-            where = f" (at {readable})" if path else ""
-            raise ValueError(f"holds a lone UTF-16 surrogate{where}, which is not valid Unicode text")
+    def _usable_json(cls, value: Any) -> Any:
+        problem = body_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

@@ -76,6 +76,18 @@ def test_lone_surrogate_is_a_400_naming_the_field(app, path, body, param):
     assert "surrogate" in error["message"]
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi", "tool_calls": %s}], "max_tokens": 2}',
+     "messages"),
+    ("/v1/completions", '{"prompt": "hi", "max_tokens": 2, "guided_json": %s}', "guided_json"),
+])
+def test_deep_nesting_is_a_400_naming_the_field(app, path, body, param):
+    """Found by probing: a message's extra key nested 900 deep reached the chat template (RecursionError, 500)."""
+    deep = '{"a": ' * 900 + "1" + "}" * 900
+    response = app.request("POST", path, content=body % deep, headers={"Content-Type": "application/json"})
+    assert "nests deeper" in assert_error(response, 400, param)["message"]
+
+
 def test_oversize_integers_are_400s(app):
     """Row: a logit_bias key of 5,000 digits was a 500 (Python's int-string limit)."""
     assert_error(app.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "logit_bias": {"9" * 5000: 1}}),
