@@ -126,3 +126,14 @@ def test_clean_logits_keeps_order_and_bans():
     row_max = clean_logits_(z)
     assert z.tolist() == [[-INF, -INF, LOGIT_LIMIT, -LOGIT_LIMIT, 1.0, LOGIT_LIMIT]]
     assert row_max.tolist() == [LOGIT_LIMIT]
+
+
+@pytest.mark.parametrize("value", [INF, -INF, NAN, -1e-45])
+def test_non_finite_or_negative_temperature_is_refused(value):
+    with pytest.raises(ValueError, match="^temperature"):
+        SamplingParams(temperature=value)
+
+
+@pytest.mark.parametrize(("temperature", "greedy"), [(0.0, True), (1e-45, True), (9.99e-6, True), (1e-5, False)])
+def test_greedy_below_1e_minus_5(temperature, greedy):
+    assert SamplingParams(temperature=temperature).is_greedy is greedy
