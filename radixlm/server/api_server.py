@@ -4,8 +4,8 @@ Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /t
 (all behind `--api-key` when set, checked before the body is read), GET/HEAD /health (503 until the engine is
 ready), GET /metrics (Prometheus). The server answers while the model loads; SIGINT/SIGTERM end every running
 request with an error, then exit. Tokenizer work runs on the app's tokenizer thread (`tokenization.py`), never on
-the event loop. Slow clients are bounded: headers within HEADER_TIMEOUT s (`http_protocol.py`), the body within
-BODY_TIMEOUT s (`middleware.py`), idle keep-alive connections close after KEEP_ALIVE_TIMEOUT s (uvicorn).
+the event loop. Slow clients are bounded: headers within 10 s (`http_protocol.py`), the body within 60 s
+(`middleware.py`), idle keep-alive connections close after 5 s (uvicorn); `ServerOptions` holds these.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 SHUTDOWN_JOIN_SECONDS = 30.0
 DEFAULT_BODY_TIMEOUT = 60.0  # 16 MiB in 60 s is 280 KB/s: slower clients are not served
-KEEP_ALIVE_TIMEOUT = 5.0
+KEEP_ALIVE_TIMEOUT = 5  # seconds (uvicorn's default, made explicit)
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
@@ -169,7 +169,7 @@ def run_server(engine_options: dict[str, object], options: ServerOptions) -> boo
                      api_key=options.api_key, max_request_bytes=options.max_request_bytes,
                      body_timeout=options.body_timeout)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
-                            timeout_graceful_shutdown=10, timeout_keep_alive=int(KEEP_ALIVE_TIMEOUT),
+                            timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             http=HeaderTimeoutH11Protocol.with_header_timeout(options.header_timeout))
     print(f"radixlm: serving {model_name!r} at http://{options.host}:{options.port} "
           f"(GET /health answers 200 once the model has loaded)", file=sys.stderr, flush=True)
