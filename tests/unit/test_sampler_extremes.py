@@ -130,7 +130,7 @@ def test_clean_logits_keeps_order_and_bans():
 
 @pytest.mark.parametrize("value", [INF, -INF, NAN, -1e-45])
 def test_non_finite_or_negative_temperature_is_refused(value):
-    with pytest.raises(ValueError, match="^temperature"):
+    with pytest.raises(ValueError, match=r"^temperature"):
         SamplingParams(temperature=value)
 
 
