@@ -16,6 +16,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_TOKEN_ID_LIST = 4096  # logit_bias entries, stop_token_ids
+# Temperatures below this are greedy (vLLM's rule): dividing float32 logits by a smaller one overflows to inf.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 def _is_int(value: object) -> bool:
@@ -30,10 +32,11 @@ def _is_number(value: object) -> bool:
 class SamplingParams:
     """Per-request generation settings.
 
-    Defaults follow vLLM: `temperature=1.0` samples, `temperature=0` is greedy (exact argmax); `top_k` 0 or -1 and
-    `top_p` 1 disable those filters; `max_tokens=None` generates up to the model's context. Sequences (`stop`,
-    `stop_token_ids`) are stored as tuples and `logit_bias` as a tuple of `(token_id, bias)` pairs, so the object is
-    immutable and hashable. Every invalid value raises ValueError naming the field and the allowed range.
+    Defaults follow vLLM: `temperature=1.0` samples, a temperature below 1e-5 (0 included) is greedy (exact
+    argmax); `top_k` 0 or -1 and `top_p` 1 disable those filters; `max_tokens=None` generates up to the model's
+    context. Sequences (`stop`, `stop_token_ids`) are stored as tuples and `logit_bias` as a tuple of
+    `(token_id, bias)` pairs, so the object is immutable and hashable. Every invalid value raises ValueError naming
+    the field and the allowed range.
     """
 
     n: int = 1
@@ -158,7 +161,7 @@ class SamplingParams:
     # -- derived -----------------------------------------------------------------------------------------------
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_SAMPLING_TEMPERATURE
 
     @property
     def num_sequences(self) -> int:

@@ -15,6 +15,10 @@ import torch
 from radixlm.request import Request
 from radixlm.sample.rng import stream_key
 
+# Counts beyond any vocabulary or context mean the same as this cap, which int64 tensors can hold (Python's ints
+# are unbounded: a top_k of 10**30 would not fit a tensor).
+_INT_CAP = 2**62
+
 
 def _rows(mask: list[bool]) -> torch.Tensor:
     return torch.tensor([i for i, flag in enumerate(mask) if flag], dtype=torch.long)
@@ -25,7 +29,7 @@ class SamplingBatch:
     """Row i holds the parameters of `requests[i]`; `*_rows` are the row indices a stage applies to."""
 
     num_rows: int
-    greedy_rows: torch.Tensor  # temperature 0: exact argmax
+    greedy_rows: torch.Tensor  # temperature below 1e-5: exact argmax
     random_rows: torch.Tensor
     temperatures: torch.Tensor  # [R] of the random rows
     unit_temperatures: bool  # every temperature in `temperatures` is exactly 1: dividing by them changes nothing
@@ -59,9 +63,11 @@ class SamplingBatch:
         penalty_params = [p for p, flag in zip(params, penalized, strict=True) if flag]
         wants_logprobs = [needs_token_logprob(r) for r in requests]
         bias = [(row, token_id, value) for row, p in enumerate(params) for token_id, value in p.logit_bias or ()]
-        bans = [(row, token_id, r.sampling_params.min_tokens) for row, r in enumerate(requests)
+        bans = [(row, token_id, min(r.sampling_params.min_tokens, _INT_CAP)) for row, r in enumerate(requests)
                 if r.sampling_params.min_tokens > 0 for token_id in sorted(banned_until_min_tokens(r))]
-        temperatures = torch.tensor([p.temperature for p in random_params], dtype=torch.float32)
+        # A temperature beyond float32's range would be inf, and inf / inf is NaN: the largest float32 is as flat.
+        temperatures = torch.tensor([p.temperature for p in random_params], dtype=torch.float64).clamp_(
+            max=torch.finfo(torch.float32).max).float()
         return cls(
             num_rows=len(requests),
             greedy_rows=_rows(greedy),
@@ -70,7 +76,7 @@ class SamplingBatch:
             unit_temperatures=bool((temperatures == 1.0).all()),
             min_p_logs=torch.tensor([math.log(p.min_p) if p.min_p > 0 else -math.inf for p in random_params],
                                     dtype=torch.float32),
-            top_ks=torch.tensor([p.top_k for p in random_params], dtype=torch.long),
+            top_ks=torch.tensor([min(p.top_k, _INT_CAP) for p in random_params], dtype=torch.long),
             top_ps=torch.tensor([p.top_p for p in random_params], dtype=torch.float32),
             key_lows=torch.tensor([k[0] for k in keys], dtype=torch.long),
             key_highs=torch.tensor([k[1] for k in keys], dtype=torch.long),

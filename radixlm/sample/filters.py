@@ -49,7 +49,11 @@ class Filtered:
 
 def filter_thresholds(z: torch.Tensor, row_max: torch.Tensor, min_p_logs: torch.Tensor, top_ks: torch.Tensor,
                       top_ps: torch.Tensor, num_candidates: int = NUM_CANDIDATES) -> Filtered:
-    """Thresholds of min_p (given as ln(min_p), -inf for off), top-k (0 = off) and top-p (1 = off) for rows `z`."""
+    """Thresholds of min_p (given as ln(min_p), -inf for off), top-k (0 = off) and top-p (1 = off) for rows `z`.
+
+    Each row's max must be finite and within `finite.LOGIT_LIMIT` (the sampler cleans rows that are not): then no
+    difference of logits overflows and every index computed here is in range.
+    """
     vocab_size = z.shape[1]
     thresholds = row_max + min_p_logs
     pending = ((top_ks > 0) | (top_ps < 1.0)).nonzero().squeeze(1)
@@ -127,7 +131,7 @@ def nucleus_cut(rows_z: torch.Tensor, row_max: torch.Tensor, cut: torch.Tensor, 
     target = top_ps * weights.sum(1)
     # (max - z) * scale in one pass; scaling by a power of two is exact, so the row's max lands in bucket 0.
     buckets = torch.add(row_max[:, None] * BUCKETS_PER_UNIT, rows_z, alpha=-BUCKETS_PER_UNIT)
-    buckets = buckets.clamp_(max=NUM_BUCKETS - 1).long()
+    buckets = buckets.clamp_(0, NUM_BUCKETS - 1).long()
     mass = torch.zeros(rows_z.shape[0], NUM_BUCKETS).scatter_add_(1, buckets, weights)
     mass_above_bucket = mass.cumsum(1) - mass
     crossing = ((mass_above_bucket + mass) < target[:, None]).sum(1).clamp_(max=NUM_BUCKETS - 1)

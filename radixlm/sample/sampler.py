@@ -7,7 +7,9 @@ Order of the transforms (fixed; each stage sees the output of the one before):
  3b. grammar masks: tokens a constrained row's grammar does not allow next get -inf (`radixlm/structured/`)
  4. repetition penalty (HF, over prompt + output tokens)                  } `penalties.py`
  5. frequency and presence penalties (OpenAI, over output tokens)          }
- 6. temperature: 0 takes the exact argmax of z (first index on ties) and skips 7-10; else z /= T
+ 6. temperature: below 1e-5 takes the exact argmax of z (first index on ties) and skips 7-10; else z /= T;
+    rows holding NaN, inf or values beyond 2**100 are then cleaned (`finite.py`: NaN is -inf, a row with no
+    finite logit chooses token 0)
  7. min_p, 8. top-k, 9. top-p: one keep-threshold per row (`filters.py`)
 10. draw: inverse CDF of softmax(z) over the kept tokens, in token-id order, with u = uniform number
     `num_output_tokens` of the sequence's stream (`draw.py`, `rng.py`).
@@ -27,6 +29,7 @@ from radixlm.request import Request
 from radixlm.sample.batch import SamplingBatch
 from radixlm.sample.draw import draw_tokens
 from radixlm.sample.filters import NUM_CANDIDATES, filter_thresholds
+from radixlm.sample.finite import clean_logits_, greedy_tokens, rows_are_safe
 from radixlm.sample.logprobs import TokenLogprobs, gather_logprobs
 from radixlm.sample.penalties import PenaltyStats, apply_penalties
 from radixlm.sample.rng import stream_uniforms
@@ -60,7 +63,7 @@ class Sampler:
         self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):
-            token_ids[batch.greedy_rows] = batch.rows_of(logits, batch.greedy_rows).argmax(1)
+            token_ids[batch.greedy_rows] = greedy_tokens(batch.rows_of(logits, batch.greedy_rows))
         if len(batch.random_rows):
             token_ids[batch.random_rows] = self._draw(logits, batch, num_outputs)
         logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows
@@ -102,6 +105,8 @@ class Sampler:
         if not batch.unit_temperatures:
             z.div_(batch.temperatures[:, None])
         row_max = z.amax(1)
+        if not rows_are_safe(row_max):
+            row_max = clean_logits_(z)
         filtered = filter_thresholds(z, row_max, batch.min_p_logs, batch.top_ks, batch.top_ps, self.num_candidates)
         uniforms = stream_uniforms(batch.key_lows, batch.key_highs, num_outputs[batch.random_rows])
         return draw_tokens(z, row_max, filtered, uniforms)

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP server: an app factory (no module-global state) and `run_server` (uvicorn).
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize
-(all behind `--api-key` when set), GET /health (503 until the engine is ready), GET /metrics (Prometheus).
-The server answers while the model loads; SIGINT/SIGTERM end every running request with an error, then exit.
+(all behind `--api-key` when set, checked before the body is read), GET/HEAD /health (503 until the engine is
+ready), GET /metrics (Prometheus). The server answers while the model loads; SIGINT/SIGTERM end every running
+request with an error, then exit. Tokenizer work runs on the app's tokenizer thread (`tokenization.py`), never on
+the event loop. Slow clients are bounded: headers within 10 s (`http_protocol.py`), the body within 60 s
+(`middleware.py`), idle keep-alive connections close after 5 s (uvicorn); `ServerOptions` holds these.
 """
 
 from __future__ import annotations
@@ -10,18 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBearer
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.engine.async_engine import AsyncEngine
@@ -31,14 +32,20 @@ from radixlm.server.chat import ChatCompletions
 from radixlm.server.completions import Completions
 from radixlm.server.dashboard import dashboard_router
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
+from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
+from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary
 from radixlm.server.protocol import DetokenizeRequest, TokenizeRequest
 from radixlm.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
-from radixlm.server.serving import OpenAIServing, chat_prompt_ids
+from radixlm.server.serving import OpenAIServing
+from radixlm.server.tokenization import Tokenization
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 2**20
 SHUTDOWN_JOIN_SECONDS = 30.0
+DEFAULT_BODY_TIMEOUT = 60.0  # 16 MiB in 60 s is 280 KB/s: slower clients are not served
+KEEP_ALIVE_TIMEOUT = 5  # seconds (uvicorn's default, made explicit)
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 @dataclass(frozen=True)
@@ -50,29 +57,19 @@ class ServerOptions:
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     log_level: str = "warning"
-
-
-def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    bearer = HTTPBearer(auto_error=False)
-
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        credentials = await bearer(request)
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
-                           code="invalid_api_key")
-
-    return check
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
 
 
 def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_path: str | None = None,
-               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
+               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               body_timeout: float = DEFAULT_BODY_TIMEOUT) -> FastAPI:
     """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup.
 
     `app.state.async_engine` is the app's AsyncEngine (its `shutdown()` is what SIGINT/SIGTERM call).
     """
     async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name))
+    tokenization = Tokenization()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -80,15 +77,19 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
         yield
         async_engine.shutdown()
         await asyncio.to_thread(async_engine.join, SHUTDOWN_JOIN_SECONDS)
+        tokenization.shutdown()
 
     app = FastAPI(title="radixlm", lifespan=lifespan)
+    # Outermost last: ErrorBoundary sees everything, the key is checked before the body is read or limited.
+    app.add_middleware(BodyReadTimeout, seconds=body_timeout)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    app.add_middleware(APIKeyCheck, api_key=api_key, protected_prefixes=PROTECTED_PREFIXES)
+    app.add_middleware(ErrorBoundary)
     app.state.async_engine = async_engine
     install_error_handlers(app)
-    app.include_router(_api_router(async_engine, model_name, model_path or model_name),
-                       dependencies=[Depends(_api_key_check(api_key))])
+    app.include_router(_api_router(async_engine, tokenization, model_name, model_path or model_name))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         reason = async_engine.unavailable_reason
         if reason is not None:
@@ -104,11 +105,14 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
     return app
 
 
-def _api_router(async_engine: AsyncEngine, model_name: str, model_path: str) -> APIRouter:
+def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_name: str, model_path: str,
+                ) -> APIRouter:
     router = APIRouter()
-    serving = OpenAIServing(async_engine, model_name)
-    router.add_api_route("/v1/chat/completions", ChatCompletions(async_engine, model_name).create, methods=["POST"])
-    router.add_api_route("/v1/completions", Completions(async_engine, model_name).create, methods=["POST"])
+    serving = OpenAIServing(async_engine, model_name, tokenization)
+    router.add_api_route("/v1/chat/completions", ChatCompletions(async_engine, model_name, tokenization).create,
+                         methods=["POST"])
+    router.add_api_route("/v1/completions", Completions(async_engine, model_name, tokenization).create,
+                         methods=["POST"])
     created = int(time.time())
 
     @router.get("/v1/models")
@@ -124,9 +128,9 @@ def _api_router(async_engine: AsyncEngine, model_name: str, model_path: str) -> 
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = chat_prompt_ids(info, body.messages, body.add_generation_prompt)
+            tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt)
         else:
-            tokens = info.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await serving.encode(info, body.prompt, body.add_special_tokens, param="prompt")
         return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)
 
     @router.post("/detokenize")
@@ -137,7 +141,7 @@ def _api_router(async_engine: AsyncEngine, model_name: str, model_path: str) -> 
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})",
                            param="tokens")
-        return DetokenizeResponse(prompt=info.tokenizer.decode(body.tokens))
+        return DetokenizeResponse(prompt=await serving.decode(info, body.tokens))
 
     return router
 
@@ -165,9 +169,11 @@ def run_server(engine_options: dict[str, object], options: ServerOptions) -> boo
     model = str(engine_options.get("model") or DEFAULT_MODEL)
     model_name = str(engine_options.get("served_model_name") or model)
     app = create_app(lambda: build_engine(**engine_options), model_name, model_path=model,
-                     api_key=options.api_key, max_request_bytes=options.max_request_bytes)
+                     api_key=options.api_key, max_request_bytes=options.max_request_bytes,
+                     body_timeout=options.body_timeout)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
+                            http=HeaderTimeoutH11Protocol.with_header_timeout(options.header_timeout))
     print(f"radixlm: serving {model_name!r} at http://{options.host}:{options.port} "
           f"(GET /health answers 200 once the model has loaded)", file=sys.stderr, flush=True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C after its graceful shutdown

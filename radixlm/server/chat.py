@@ -22,7 +22,7 @@ from radixlm.server.responses import (
     DeltaMessage,
     Usage,
 )
-from radixlm.server.serving import OpenAIServing, PromptResult, chat_prompt_ids, new_request_id, usage_of
+from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
 
 
 class ChatCompletions(OpenAIServing):
@@ -32,7 +32,7 @@ class ChatCompletions(OpenAIServing):
         info = self.ready_info()
         self.check_request(body, info)
         params = await self.sampling_params(body, info)
-        prompt_ids = chat_prompt_ids(info, body.messages, body.add_generation_prompt)
+        prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id("chatcmpl")
         stream = await self.admit(request_id, [prompt_ids], params, body.priority)
@@ -71,7 +71,7 @@ class ChatCompletions(OpenAIServing):
         for index in range(body.n):  # OpenAI opens every choice with the role
             yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
         result = PromptResult()
-        async for _, output in stream:
+        async for _, output in self.checked(stream):
             result.update(output)
             for sequence in output.outputs:
                 for choice in self._sequence_choices(body, sequence, formatter, top_n):

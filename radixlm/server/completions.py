@@ -42,7 +42,7 @@ class Completions(OpenAIServing):
         info = self.ready_info()
         self.check_request(body, info)
         params = await self.sampling_params(body, info)
-        prompts = self._prompts(body, info)
+        prompts = await self._prompts(body, info)
         for prompt in prompts:
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")
         request_id = new_request_id("cmpl")
@@ -60,8 +60,7 @@ class Completions(OpenAIServing):
                               usage=usage_of(results))
         return JSONResponse(response.model_dump(mode="json"))
 
-    @staticmethod
-    def _prompts(body: CompletionRequest, info: EngineInfo) -> list[_Prompt]:
+    async def _prompts(self, body: CompletionRequest, info: EngineInfo) -> list[_Prompt]:
         try:
             prompts = body.prompts()
         except ValueError as error:
@@ -69,13 +68,13 @@ class Completions(OpenAIServing):
         result = []
         for prompt in prompts:
             if isinstance(prompt, str):
-                result.append(_Prompt(prompt, info.tokenizer.encode(prompt)))
+                result.append(_Prompt(prompt, await self.encode(info, prompt, True, param="prompt")))
                 continue
             bad = [t for t in prompt if not 0 <= t < info.vocab_size]
             if bad:
                 raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {info.vocab_size})",
                                param="prompt")
-            result.append(_Prompt(info.tokenizer.decode(prompt) if body.echo else "", list(prompt)))
+            result.append(_Prompt(await self.decode(info, prompt) if body.echo else "", list(prompt)))
         return result
 
     def _logprobs(self, body: CompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
@@ -106,7 +105,7 @@ class Completions(OpenAIServing):
         created = int(time.time())
         results = [PromptResult() for _ in prompts]
         text_offsets: dict[int, int] = {}  # choice index -> characters sent so far
-        async for prompt_index, output in stream:
+        async for prompt_index, output in self.checked(stream):
             results[prompt_index].update(output)
             prompt = prompts[prompt_index]
             for sequence in output.outputs:

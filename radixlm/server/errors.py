@@ -1,12 +1,12 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, for every failure path.
 
 `APIError` is raised by handlers; `install_error_handlers` routes FastAPI's own failures (validation, unknown
-routes, the body-size limit, bugs) through the same body. Malformed JSON is 422, any other invalid body 400.
+routes, the body-size limit) through the same body, and `middleware.ErrorBoundary` turns bugs into a 500 with it.
+Malformed JSON is 422, any other invalid body 400. 429 and 503 carry `Retry-After` (seconds).
 """
 
 from __future__ import annotations
 
-import logging
 from http import HTTPStatus
 from typing import Any
 
@@ -17,11 +17,10 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-logger = logging.getLogger(__name__)
-
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable_error"}
+          408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable_error"}
+RETRY_AFTER_SECONDS = {429: 1, 503: 5}  # a full queue drains in about a request's time; a load takes longer
 
 
 class APIError(Exception):
@@ -40,7 +39,9 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        retry_after = RETRY_AFTER_SECONDS.get(self.status)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 class BodySizeLimit:
@@ -109,11 +110,6 @@ def install_error_handlers(app: FastAPI) -> None:
         message = error.detail if isinstance(error.detail, str) and error.detail != phrase else phrase
         return APIError(error.status_code, message).response()
 
-    async def on_unexpected(_: Request, error: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return APIError(500, f"internal server error: {type(error).__name__}: {error}").response()
-
     app.add_exception_handler(APIError, on_api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, on_http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, on_unexpected)

@@ -11,11 +11,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from radixlm.server.json_checks import body_problem
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
 from radixlm.structured.spec import GrammarSpec
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: text that is not valid Unicode, or nesting deeper than MAX_NESTING, anywhere
+    in a field is refused (400) naming the field (`json_checks.py`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _usable_json(cls, value: Any) -> Any:
+        problem = body_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 def _is_off(value: Any) -> bool:
@@ -27,10 +43,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(RequestBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
-    model_config = ConfigDict(extra="ignore")
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
 
     model: str | None = None
@@ -187,10 +202,9 @@ class CompletionRequest(SamplingRequest):
         return super().to_sampling_params(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs, **overrides)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     """vLLM's /tokenize: a `prompt`, or chat `messages` rendered with the chat template."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -198,7 +212,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]

@@ -23,8 +23,10 @@ from radixlm.sampling_params import SamplingParams
 from radixlm.server.errors import APIError
 from radixlm.server.protocol import ChatMessage, SamplingRequest
 from radixlm.server.responses import Usage
+from radixlm.server.tokenization import Tokenization
 
 logger = logging.getLogger(__name__)
+_MAX_TOKEN_ID_DIGITS = 20
 _PARAMS = frozenset({"prompt", "messages", *SamplingRequest.model_fields})
 
 
@@ -56,6 +58,16 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _message_texts(messages: list[ChatMessage]) -> list[str]:
+    texts = []
+    for message in messages:
+        if isinstance(message.content, str):
+            texts.append(message.content)
+        elif message.content is not None:
+            texts.extend(part.text or "" for part in message.content)
+    return texts
+
+
 def chat_prompt_ids(info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
     """Render the conversation with the tokenizer's chat template; template problems are the client's 400."""
     conversation = []
@@ -82,9 +94,27 @@ def chat_prompt_ids(info: EngineInfo, messages: list[ChatMessage], add_generatio
 class OpenAIServing:
     """Base of the chat and completions handlers: one per app, holding the app's engine."""
 
-    def __init__(self, async_engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, async_engine: AsyncEngine, model_name: str, tokenization: Tokenization) -> None:
         self.async_engine = async_engine
         self.model_name = model_name
+        self.tokenization = tokenization
+
+    # -- tokenizer work, on the tokenizer thread ---------------------------------------------------------------
+    async def encode(self, info: EngineInfo, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """Token ids of `text`; 400 naming `param`, without tokenizing, if it can never fit the context."""
+        await self.tokenization.check_can_fit(info.tokenizer, len(text), info.max_model_len, param)
+        return await self.tokenization.run(info.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def chat_prompt(self, info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool,
+                          ) -> list[int]:
+        """The conversation's prompt ids; refused (400) before templating if its text can never fit. Templates
+        may trim each message's ends, so only the text between counts."""
+        num_chars = sum(len(text.strip()) for text in _message_texts(messages))
+        await self.tokenization.check_can_fit(info.tokenizer, num_chars, info.max_model_len, "messages")
+        return await self.tokenization.run(chat_prompt_ids, info, messages, add_generation_prompt)
+
+    async def decode(self, info: EngineInfo, token_ids: list[int]) -> str:
+        return await self.tokenization.run(info.tokenizer.decode, token_ids)
 
     # -- checks ------------------------------------------------------------------------------------------------
     def ready_info(self) -> EngineInfo:
@@ -112,7 +142,11 @@ class OpenAIServing:
         if body.priority != 0 and info.schedule_policy != "priority":
             raise APIError(400, f"priority needs --schedule-policy priority (this server uses "
                                 f"{info.schedule_policy!r})", param="priority")
-        for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {} if k.lstrip("-").isdigit()]),
+        too_long = [key for key in body.logit_bias or {} if len(key) > _MAX_TOKEN_ID_DIGITS]
+        if too_long:  # int() of a key this long is slow or refused (Python's int-string limit)
+            raise APIError(400, f"logit_bias key {too_long[0][:24]}... ({len(too_long[0])} characters) is not a "
+                                f"token id", param="logit_bias")
+        for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {} if k.lstrip("-").isdecimal()]),
                           ("stop_token_ids", body.stop_token_ids or [])):
             out_of_range = [t for t in ids if t >= info.vocab_size]
             if out_of_range:
@@ -165,7 +199,7 @@ class OpenAIServing:
         results = [PromptResult() for _ in range(num_prompts)]
         watcher = asyncio.create_task(_abort_on_disconnect(raw_request, stream))
         try:
-            async for prompt_index, output in stream:
+            async for prompt_index, output in self.checked(stream):
                 results[prompt_index].update(output)
         except EngineUnavailableError as error:
             raise APIError(503, str(error), code="engine_unavailable") from None
@@ -173,6 +207,15 @@ class OpenAIServing:
             watcher.cancel()
             stream.abort()
         return results
+
+    @staticmethod
+    async def checked(stream: OutputStream) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """The stream's outputs; a request that failed alone (`RequestOutput.error`) raises a 500 APIError before
+        any of its output is used, so "error" never appears as an OpenAI finish_reason."""
+        async for prompt_index, output in stream:
+            if output.error is not None:
+                raise APIError(500, f"the request failed: {output.error}", code="request_failed")
+            yield prompt_index, output
 
     @staticmethod
     def sse(chunks: AsyncIterator[BaseModel], stream: OutputStream) -> EventSourceResponse:
