@@ -5,8 +5,8 @@ unknown fields), sent in process to the app on a tiny random-weight model.
 Every answer must be a 2xx, or a 4xx with an OpenAI error body: bad input is never a 5xx. After the run the
 engine is alive and answers a greedy request exactly as before it.
 
-`n` and `best_of` stay small here: a huge one is the engine's admission to refuse (issue 10, item 3), not the
-server's; once the engine caps them, HOSTILE_COUNTS can include huge values.
+`n` and `best_of` include huge values: the engine's admission refuses them (400 naming the field) before it builds
+anything for them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ hostile_values = st.one_of(
     st.sampled_from([[0] * 20_000, ["x"] * 2_000, DEEP]),
 )
 HOSTILE_ODDS = 6
-HOSTILE_COUNTS = st.one_of(st.integers(-3, 3), st.sampled_from(["2", 2.5, None, [], {}, True, float("nan")]))
+HOSTILE_COUNTS = st.one_of(st.integers(-3, 3), st.sampled_from(["2", 2.5, None, [], {}, True, float("nan"), 100000,
+                                                                 10**9, 2**63, -(2**70)]))
 
 
 def plausible_or_hostile(plausible: st.SearchStrategy) -> st.SearchStrategy:
