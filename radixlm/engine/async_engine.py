@@ -120,6 +120,7 @@ class _Admission:
     arrival_time: float
     stream: OutputStream
     done: asyncio.Future[None] = field(repr=False)
+    metadata: dict[str, str] | None = None
 
 
 @dataclass
@@ -161,13 +162,16 @@ class AsyncEngine:
         return "the model is loading" if self.info is None else None
 
     async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams,
-                       priority: int = 0, arrival_time: float | None = None) -> OutputStream:
-        """Admit one request per prompt (ids `request_id` or `request_id-i`); see the module docstring."""
+                       priority: int = 0, arrival_time: float | None = None,
+                       metadata: dict[str, str] | None = None) -> OutputStream:
+        """Admit one request per prompt (ids `request_id` or `request_id-i`), with the client's `metadata` (kept
+        on the outputs and in the trace); see the module docstring."""
         assert self._loop is not None, "start() first"
         ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         stream = OutputStream(self, ids)
         done: asyncio.Future[None] = self._loop.create_future()
-        admission = _Admission(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done)
+        admission = _Admission(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
+                               metadata)
         with self._lock:
             reason = self.unavailable_reason
             if reason is not None:
@@ -247,7 +251,8 @@ class AsyncEngine:
         try:
             engine.add_requests([(request_id, prompt, admission.params)
                                  for request_id, prompt in zip(request_ids, admission.prompts, strict=True)],
-                                priority=admission.priority, arrival_time=admission.arrival_time)
+                                priority=admission.priority, arrival_time=admission.arrival_time,
+                                metadata=admission.metadata)
             self._streams.update(dict.fromkeys(request_ids, admission.stream))
         except Exception as exc:  # every admission error goes back to its caller, never kills the engine
             error = exc

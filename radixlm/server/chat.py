@@ -35,7 +35,7 @@ class ChatCompletions(OpenAIServing):
         prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id("chatcmpl")
-        stream = await self.admit(request_id, [prompt_ids], params, body.priority)
+        stream = await self.admit(request_id, [prompt_ids], params, body.priority, body.metadata)
         formatter = OpenAILogprobs(info.tokenizer)
         top_n = body.top_logprobs or 0
         if body.stream:

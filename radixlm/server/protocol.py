@@ -9,9 +9,9 @@ rather than silently half-served. Value ranges are checked once, by SamplingPara
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
 from radixlm.server.json_checks import body_problem
@@ -72,6 +72,10 @@ class SamplingRequest(RequestBody):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = 0
+    # OpenAI's metadata: up to 16 string pairs (keys up to 64 characters, values up to 512), kept on the outputs
+    # and in the trace.
+    metadata: dict[Annotated[str, StringConstraints(max_length=64)],
+                   Annotated[str, StringConstraints(max_length=512)]] | None = Field(None, max_length=16)
     # Structured outputs: at most one of these (see server/structured.py).
     response_format: Any = None
     regex: Any = None

@@ -182,10 +182,10 @@ class OpenAIServing:
 
     # -- running -----------------------------------------------------------------------------------------------
     async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
-                    priority: int) -> OutputStream:
+                    priority: int, metadata: dict[str, str] | None = None) -> OutputStream:
         try:
             return await self.async_engine.generate(request_id, prompts, params, priority=priority,
-                                                    arrival_time=time.monotonic())
+                                                    arrival_time=time.monotonic(), metadata=metadata)
         except QueueFullError as error:
             raise APIError(429, f"the server is busy: {error}; retry later", code="queue_full") from None
         except EngineUnavailableError as error:

@@ -24,11 +24,20 @@ def test_a_served_multi_turn_trace_replays_exactly(tiny_model_dir, tmp_path):
         with contextlib.suppress(httpx.TimeoutException):  # a client that gives up: its abort reaches the engine
             server.http.post("/v1/completions", json={"prompt": "x " * 40, "max_tokens": 200, "ignore_eos": True},
                              timeout=0.3)
+        tagged = server.http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "metadata": {"user": "ada", "run": "7"}})
+        assert tagged.status_code == 200, tagged.text
+        for bad in ({f"k{i}": "v" for i in range(17)}, {"k": "v" * 513}, {"k": 5}, ["k"]):
+            response = server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "metadata": bad})
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"].startswith("metadata"), response.text
         server.wait_for(lambda m: m.get("radixlm:num_requests_running{}") == 0)
     finally:
         server.stop()
     trace = Trace.load(trace_path)
-    assert len(trace.of("arrival")) >= 33 and trace.of("abort")
+    assert len(trace.of("arrival")) >= 34 and trace.of("abort")
+    assert trace.of("arrival")[-1]["metadata"] == {"user": "ada", "run": "7"}  # OpenAI's metadata, as sent
+    assert trace.of("finish")[-1]["metadata"] == {"user": "ada", "run": "7"}
     num_matched, divergence = replay(trace)
     assert divergence is None, str(divergence)
     assert num_matched == len(trace.of("step")) > 50
