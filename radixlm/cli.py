@@ -59,11 +59,14 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 def _cmd_serve(args: argparse.Namespace) -> None:
     from radixlm.config import EngineConfig
     from radixlm.server.api_server import ServerOptions, run_server
+    from radixlm.server.chat_options import ChatOptions
 
     options = engine_kwargs(args)
     EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
+    chat = ChatOptions(chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
+                       enable_auto_tool_choice=args.enable_auto_tool_choice, reasoning_parser=args.reasoning_parser)
     server = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("RADIXLM_API_KEY"),
-                           max_request_bytes=args.max_request_bytes, log_level=args.log_level)
+                           max_request_bytes=args.max_request_bytes, log_level=args.log_level, chat=chat)
     if not run_server(options, server):
         sys.exit(1)
 
@@ -73,6 +76,19 @@ def _cmd_debug(args: argparse.Namespace) -> None:
     from radixlm.engine.llm_engine import build_engine
 
     DebugShell(build_engine(**engine_kwargs(args))).cmdloop()
+
+
+def _add_chat_args(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("chat")
+    group.add_argument("--chat-template", default=None,
+                       help="override the tokenizer's chat template: a file, an inline Jinja string, or a shipped "
+                            "template's name (smollm2_tools: SmolLM2's template with tool calling)")
+    group.add_argument("--tool-call-parser", default=None, help="how tool calls are read from the model's text: "
+                       "hermes or llama3_json (forced tool choices use hermes when unset)")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='let tool_choice "auto" (the default with tools) parse calls from free text')
+    group.add_argument("--reasoning-parser", default=None,
+                       help="split <think>...</think> into reasoning_content: deepseek_r1 or qwen3")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $RADIXLM_API_KEY)")
     serve.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413")
+    _add_chat_args(serve)
     add_engine_args(serve)
     serve.set_defaults(handler=_cmd_serve)
 

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
@@ -29,6 +29,7 @@ from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics
 from radixlm.server.chat import ChatCompletions
+from radixlm.server.chat_options import ChatOptions
 from radixlm.server.completions import Completions
 from radixlm.server.dashboard import dashboard_router
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
@@ -59,11 +60,12 @@ class ServerOptions:
     log_level: str = "warning"
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
+    chat: ChatOptions = field(default_factory=ChatOptions)
 
 
 def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_path: str | None = None,
                api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               body_timeout: float = DEFAULT_BODY_TIMEOUT) -> FastAPI:
+               body_timeout: float = DEFAULT_BODY_TIMEOUT, chat_options: ChatOptions | None = None) -> FastAPI:
     """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup.
 
     `app.state.async_engine` is the app's AsyncEngine (its `shutdown()` is what SIGINT/SIGTERM call).
@@ -87,7 +89,8 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
     app.add_middleware(ErrorBoundary)
     app.state.async_engine = async_engine
     install_error_handlers(app)
-    app.include_router(_api_router(async_engine, tokenization, model_name, model_path or model_name))
+    app.include_router(_api_router(async_engine, tokenization, model_name, model_path or model_name,
+                                   chat_options or ChatOptions()))
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
@@ -106,10 +109,11 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
 
 
 def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_name: str, model_path: str,
-                ) -> APIRouter:
+                chat_options: ChatOptions) -> APIRouter:
     router = APIRouter()
-    serving = OpenAIServing(async_engine, model_name, tokenization)
-    router.add_api_route("/v1/chat/completions", ChatCompletions(async_engine, model_name, tokenization).create,
+    serving = OpenAIServing(async_engine, model_name, tokenization, chat_options)
+    router.add_api_route("/v1/chat/completions",
+                         ChatCompletions(async_engine, model_name, tokenization, chat_options).create,
                          methods=["POST"])
     router.add_api_route("/v1/completions", Completions(async_engine, model_name, tokenization).create,
                          methods=["POST"])
@@ -170,7 +174,7 @@ def run_server(engine_options: dict[str, object], options: ServerOptions) -> boo
     model_name = str(engine_options.get("served_model_name") or model)
     app = create_app(lambda: build_engine(**engine_options), model_name, model_path=model,
                      api_key=options.api_key, max_request_bytes=options.max_request_bytes,
-                     body_timeout=options.body_timeout)
+                     body_timeout=options.body_timeout, chat_options=options.chat)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             http=HeaderTimeoutH11Protocol.with_header_timeout(options.header_timeout))

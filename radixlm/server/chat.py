@@ -1,19 +1,27 @@
-"""POST /v1/chat/completions: chat template -> one engine request (n sequences) -> a response or SSE chunks."""
+"""POST /v1/chat/completions: chat template -> one engine request (n sequences) -> a response or SSE chunks.
+
+Tools and reasoning: `_plan` checks `tools`, `tool_choice` and `chat_template_kwargs`, picks the parsers and, for a
+forced tool choice, the grammar; each sequence's text then goes through a `SequenceParser` (`chat_output.py`).
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.engine.async_engine import OutputStream
+from radixlm.engine.async_engine import EngineInfo, OutputStream
 from radixlm.engine.outputs import CompletionOutput
+from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_message
+from radixlm.server.chat_template import check_template_kwargs
+from radixlm.server.errors import APIError
 from radixlm.server.logprobs import OpenAILogprobs
 from radixlm.server.protocol import ChatCompletionRequest
 from radixlm.server.responses import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -23,6 +31,8 @@ from radixlm.server.responses import (
     Usage,
 )
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
+from radixlm.server.tool_calling import after_reasoning, check_tool_choice, check_tools, tool_call_grammar
+from radixlm.structured.spec import GrammarSpec
 
 
 class ChatCompletions(OpenAIServing):
@@ -31,18 +41,50 @@ class ChatCompletions(OpenAIServing):
     async def create(self, body: ChatCompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
-        params = await self.sampling_params(body, info)
-        prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt)
+        plan = await self._plan(body, info)
+        params = await self.sampling_params(body, info, plan.grammar)
+        prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt, plan.tools,
+                                            plan.template_kwargs)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id("chatcmpl")
-        stream = await self.admit(request_id, [prompt_ids], params, body.priority, body.metadata)
+        stream = await self.admit(request_id, [prompt_ids], params, body.engine_priority(), body.metadata)
         formatter = OpenAILogprobs(info.tokenizer)
         top_n = body.top_logprobs or 0
         if body.stream:
-            chunks = self._chunks(request_id, body, stream, formatter, top_n)
+            chunks = self._chunks(request_id, body, stream, formatter, top_n, plan.parsing)
             return self.sse(chunks, stream)
         results = await self.collect(raw_request, stream, num_prompts=1)
-        return JSONResponse(self._response(request_id, body, results[0], formatter, top_n).model_dump(mode="json"))
+        response = self._response(request_id, body, results[0], formatter, top_n, plan.parsing)
+        return JSONResponse(response.model_dump(mode="json"))
+
+    async def _plan(self, body: ChatCompletionRequest, info: EngineInfo) -> _Plan:
+        """How this request's tools, template variables and reasoning shape its prompt, grammar and parsing."""
+        options = self.chat_options
+        try:
+            functions = check_tools(body.tools) if body.tools is not None else []
+            choice = check_tool_choice(body.tool_choice, functions)
+            template_kwargs = check_template_kwargs(body.chat_template_kwargs)
+            own_spec, own_field = body.grammar()
+        except ValueError as error:
+            raise APIError(400, str(error), param=str(error).split(" ", 1)[0].rstrip(":")) from None
+        if choice == "auto" and not options.enable_auto_tool_choice:
+            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server to run with '
+                                '--enable-auto-tool-choice and --tool-call-parser', param="tool_choice")
+        for i, function in enumerate(functions):
+            await self.compile_grammar(info, GrammarSpec.from_json_schema(function.parameters),
+                                       f"tools.{i}.function.parameters")
+        tool_parser = options.tool_parser() if functions and choice != "none" else None
+        grammar: tuple[GrammarSpec | None, str | None] = (own_spec, own_field)
+        forced = tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls) if tool_parser else None
+        if forced is not None:
+            if own_field is not None:
+                raise APIError(400, f"{own_field} cannot be combined with tool_choice {choice!r}", param=own_field)
+            grammar = (forced, "tool_choice")
+        reasoning = options.reasoning()
+        if reasoning is not None and grammar[0] is not None and template_kwargs.get("enable_thinking") is not False:
+            grammar = (after_reasoning(grammar[0]), grammar[1])
+        return _Plan(body.tools if functions else None, template_kwargs, grammar,
+                     OutputParsing(reasoning, tool_parser, single_call=not body.parallel_tool_calls))
 
     def _logprobs(self, body: ChatCompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   logprobs: list | None, top_n: int) -> ChatLogprobs | None:
@@ -51,18 +93,22 @@ class ChatCompletions(OpenAIServing):
         return formatter.chat(token_ids, logprobs, top_n)
 
     def _response(self, request_id: str, body: ChatCompletionRequest, result: PromptResult,
-                  formatter: OpenAILogprobs, top_n: int) -> ChatCompletion:
-        choices = [
-            ChatChoice(index=index, message=AssistantMessage(content=sequence.text),
-                       logprobs=self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, top_n),
-                       finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
-            for index, sequence in sorted(result.sequences.items())]
+                  formatter: OpenAILogprobs, top_n: int, parsing: OutputParsing) -> ChatCompletion:
+        choices = []
+        for index, sequence in sorted(result.sequences.items()):
+            message, parser = parse_message(parsing, sequence.text)
+            choices.append(ChatChoice(
+                index=index, message=message, stop_reason=sequence.stop_reason,
+                logprobs=self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, top_n),
+                finish_reason=parser.finish_reason(sequence.finish_reason)))
         return ChatCompletion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
                               usage=usage_of([result]))
 
     async def _chunks(self, request_id: str, body: ChatCompletionRequest, stream: OutputStream,
-                      formatter: OpenAILogprobs, top_n: int) -> AsyncIterator[ChatCompletionChunk]:
+                      formatter: OpenAILogprobs, top_n: int, parsing: OutputParsing,
+                      ) -> AsyncIterator[ChatCompletionChunk]:
         created = int(time.time())
+        parsers = {index: SequenceParser(parsing) for index in range(body.n)}
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=choices,
@@ -74,20 +120,29 @@ class ChatCompletions(OpenAIServing):
         async for _, output in self.checked(stream):
             result.update(output)
             for sequence in output.outputs:
-                for choice in self._sequence_choices(body, sequence, formatter, top_n):
+                for choice in self._sequence_choices(body, sequence, formatter, top_n, parsers[sequence.index]):
                     yield chunk([choice])
         if body.include_usage:
             yield chunk([], usage_of([result]))
 
-    def _sequence_choices(self, body: ChatCompletionRequest, sequence: CompletionOutput,
-                          formatter: OpenAILogprobs, top_n: int) -> list[ChatChunkChoice]:
-        """A content delta (if this step added text or tokens with logprobs), then the finish, if finished."""
-        choices = []
+    def _sequence_choices(self, body: ChatCompletionRequest, sequence: CompletionOutput, formatter: OpenAILogprobs,
+                          top_n: int, parser: SequenceParser) -> list[ChatChunkChoice]:
+        """This step's deltas (content, reasoning, tool calls; the logprobs ride on the first), then the finish."""
         logprobs = self._logprobs(body, formatter, sequence.delta_token_ids, sequence.delta_logprobs, top_n)
-        if sequence.delta_text or (logprobs is not None and logprobs.content):
-            choices.append(ChatChunkChoice(index=sequence.index, delta=DeltaMessage(content=sequence.delta_text),
-                                           logprobs=logprobs))
+        deltas = parser.feed(sequence.delta_text, final=sequence.finished)
+        if not deltas and logprobs is not None and logprobs.content:
+            deltas = [DeltaMessage(content="")]
+        choices = [ChatChunkChoice(index=sequence.index, delta=delta, logprobs=logprobs if i == 0 else None)
+                   for i, delta in enumerate(deltas)]
         if sequence.finished:
             choices.append(ChatChunkChoice(index=sequence.index, delta=DeltaMessage(),
-                                           finish_reason=sequence.finish_reason))
+                                           finish_reason=parser.finish_reason(sequence.finish_reason)))
         return choices
+
+
+@dataclass(frozen=True)
+class _Plan:
+    tools: list[dict[str, Any]] | None  # as the template gets them
+    template_kwargs: dict[str, Any]
+    grammar: tuple[GrammarSpec | None, str | None]  # the constraint and the field it came from
+    parsing: OutputParsing

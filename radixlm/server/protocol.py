@@ -1,6 +1,6 @@
 """OpenAI request bodies as pydantic models, and their mapping onto SamplingParams.
 
-Unknown fields are ignored, as OpenAI does. Fields we know but cannot honour yet (tools, ...) are declared so that
+Unknown fields are ignored, as OpenAI does. Fields we know but cannot honour yet (audio, ...) are declared so that
 `unsupported_field()` can name them: a request that sets one to anything but its neutral value is refused with 400
 rather than silently half-served. Value ranges are checked once, by SamplingParams. Structured-output fields
 (response_format, regex, ebnf, choice, ...) map onto one GrammarSpec (`server/structured.py`).
@@ -71,7 +71,7 @@ class SamplingRequest(RequestBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    priority: int = 0
+    priority: int = Field(0, gt=-(2**31), lt=2**31)
     # OpenAI's metadata: up to 16 string pairs (keys up to 64 characters, values up to 512), kept on the outputs
     # and in the trace.
     metadata: dict[Annotated[str, StringConstraints(max_length=64)],
@@ -140,9 +140,7 @@ class ChatMessage(BaseModel):
 
 
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": _is_off,
-    "tool_choice": lambda v: v is None or v == "none",
-    "functions": _is_off,
+    "functions": _is_off,  # the deprecated form of tools: send tools instead
     "function_call": lambda v: v is None or v == "none",
     "audio": _is_off,
     "modalities": lambda v: _is_off(v) or v == ["text"],
@@ -151,6 +149,9 @@ _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "web_search_options": _is_off,
     "echo": _is_off,  # vLLM's chat echo; /v1/completions supports echo
 }
+# A request inside an agent's tool loop gets this priority: below every client value, so it is the last to be
+# preempted (and, under --schedule-policy priority, the first to be scheduled).
+AGENT_LOOP_PRIORITY = -(2**31)
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -163,6 +164,11 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    # radixlm's extension: this request continues an agent's tool loop (default: when its messages hold a tool
+    # result); such requests are the last to be preempted.
+    agent_loop: bool | None = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -174,6 +180,14 @@ class ChatCompletionRequest(SamplingRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def in_agent_loop(self) -> bool:
+        if self.agent_loop is not None:
+            return self.agent_loop
+        return any(message.role == "tool" for message in self.messages)
+
+    def engine_priority(self) -> int:
+        return AGENT_LOOP_PRIORITY if self.in_agent_loop() else self.priority
 
     def to_sampling_params(self, **overrides: Any) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:

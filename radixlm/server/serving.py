@@ -13,17 +13,19 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.sse import EventSourceResponse, format_sse_event
-from jinja2 import TemplateError
 from pydantic import BaseModel
 
 from radixlm.core.scheduler import QueueFullError
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from radixlm.sampling_params import SamplingParams
+from radixlm.server.chat_options import ChatOptions
+from radixlm.server.chat_template import chat_prompt_ids
 from radixlm.server.errors import APIError
 from radixlm.server.protocol import ChatMessage, SamplingRequest
 from radixlm.server.responses import Usage
 from radixlm.server.tokenization import Tokenization
+from radixlm.structured.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 _MAX_TOKEN_ID_DIGITS = 20
@@ -68,36 +70,15 @@ def _message_texts(messages: list[ChatMessage]) -> list[str]:
     return texts
 
 
-def chat_prompt_ids(info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """Render the conversation with the tokenizer's chat template; template problems are the client's 400."""
-    conversation = []
-    for i, message in enumerate(messages):
-        entry: dict[str, Any] = message.model_dump(exclude_none=True)
-        if isinstance(message.content, list):
-            for j, part in enumerate(message.content):
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"content part type {part.type!r} is not supported (text only)",
-                                   param=f"messages.{i}.content.{j}.type")
-            entry["content"] = "\n".join(part.text or "" for part in message.content)
-        entry.setdefault("content", "")
-        if entry["role"] == "developer":  # OpenAI's new name for the system role; templates know "system"
-            entry["role"] = "system"
-        conversation.append(entry)
-    try:
-        text = info.tokenizer.apply_chat_template(conversation, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
-    except (TemplateError, ValueError, TypeError, KeyError) as error:
-        raise APIError(400, f"the chat template rejected the messages: {error}", param="messages") from None
-    return info.tokenizer.encode(text, add_special_tokens=False)
-
-
 class OpenAIServing:
     """Base of the chat and completions handlers: one per app, holding the app's engine."""
 
-    def __init__(self, async_engine: AsyncEngine, model_name: str, tokenization: Tokenization) -> None:
+    def __init__(self, async_engine: AsyncEngine, model_name: str, tokenization: Tokenization,
+                 chat_options: ChatOptions | None = None) -> None:
         self.async_engine = async_engine
         self.model_name = model_name
         self.tokenization = tokenization
+        self.chat_options = chat_options or ChatOptions()
 
     # -- tokenizer work, on the tokenizer thread ---------------------------------------------------------------
     async def encode(self, info: EngineInfo, text: str, add_special_tokens: bool, param: str) -> list[int]:
@@ -106,12 +87,14 @@ class OpenAIServing:
         return await self.tokenization.run(info.tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
     async def chat_prompt(self, info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool,
+                          tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
                           ) -> list[int]:
         """The conversation's prompt ids; refused (400) before templating if its text can never fit. Templates
         may trim each message's ends, so only the text between counts."""
         num_chars = sum(len(text.strip()) for text in _message_texts(messages))
         await self.tokenization.check_can_fit(info.tokenizer, num_chars, info.max_model_len, "messages")
-        return await self.tokenization.run(chat_prompt_ids, info, messages, add_generation_prompt)
+        return await self.tokenization.run(chat_prompt_ids, info.tokenizer, messages, add_generation_prompt, tools,
+                                           self.chat_options.template_text, template_kwargs)
 
     async def decode(self, info: EngineInfo, token_ids: list[int]) -> str:
         return await self.tokenization.run(info.tokenizer.decode, token_ids)
@@ -153,20 +136,28 @@ class OpenAIServing:
                 raise APIError(400, f"{name} holds token id {out_of_range[0]}, outside the vocabulary "
                                     f"[0, {info.vocab_size})", param=name)
 
-    async def sampling_params(self, body: SamplingRequest, info: EngineInfo) -> SamplingParams:
-        """The request's SamplingParams, its grammar (if any) already compiled: a bad one is a 400 naming it."""
+    async def sampling_params(self, body: SamplingRequest, info: EngineInfo,
+                              grammar: tuple[GrammarSpec | None, str | None] | None = None) -> SamplingParams:
+        """The request's SamplingParams, its grammar (if any) already compiled: a bad one is a 400 naming it.
+        `grammar` (spec, the field it came from) replaces the one the request's structured-output fields set."""
         try:
-            params = body.to_sampling_params()
+            params = body.to_sampling_params() if grammar is None else \
+                body.to_sampling_params(structured_outputs=grammar[0])
         except ValueError as error:
             name = str(error).split(" ", 1)[0].rstrip(":")
             raise APIError(400, str(error), param=name if name in type(body).model_fields else None) from None
         if params.structured_outputs is not None:
-            _, field = body.grammar()
-            try:  # on the compile thread; the engine will find it in the compile cache
-                await asyncio.wrap_future(info.structured.submit(params.structured_outputs))  # type: ignore
-            except ValueError as error:
-                raise APIError(400, f"{field}: {error}", param=field) from None
+            _, field = body.grammar() if grammar is None else grammar
+            await self.compile_grammar(info, params.structured_outputs, str(field))
         return params
+
+    @staticmethod
+    async def compile_grammar(info: EngineInfo, spec: GrammarSpec, param: str) -> None:
+        """Compile on the compile thread (the engine will find it in the compile cache); a bad one is a 400."""
+        try:
+            await asyncio.wrap_future(info.structured.submit(spec))  # type: ignore[arg-type]
+        except ValueError as error:
+            raise APIError(400, f"{param}: {error}", param=param) from None
 
     @staticmethod
     def check_length(prompt_ids: list[int], max_tokens: int | None, info: EngineInfo, param: str) -> None:

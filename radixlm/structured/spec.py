@@ -6,13 +6,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "choice")
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "choice", "structural_tag")
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """`kind` is one of GRAMMAR_KINDS; `text` is the schema as canonical JSON, the regex, the EBNF grammar, or the
-    choices as a JSON list. Build it with the `from_*` helpers, which validate the input."""
+    """`kind` is one of GRAMMAR_KINDS; `text` is the schema as canonical JSON, the regex, the EBNF grammar, the
+    choices as a JSON list, or an xgrammar structural tag as canonical JSON (tool calls, text after reasoning).
+    Build it with the `from_*` helpers, which validate the input."""
 
     kind: str
     text: str = ""
@@ -55,6 +56,26 @@ class GrammarSpec:
         if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
             raise ValueError("choice must be a non-empty list of non-empty strings")
         return cls("choice", json.dumps(choices, ensure_ascii=False))
+
+    @classmethod
+    def from_structural_tag(cls, tag: dict[str, Any]) -> GrammarSpec:
+        """An xgrammar structural tag ({"type": "structural_tag", "format": {...}}); the backend checks the rest."""
+        if not isinstance(tag, dict) or tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
+            raise ValueError('structural_tag must be {"type": "structural_tag", "format": {...}}')
+        return cls("structural_tag", json.dumps(tag, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+
+    def as_format(self) -> dict[str, Any]:
+        """This constraint as a structural-tag format, so that it can follow other text (e.g. reasoning)."""
+        if self.kind == "structural_tag":
+            return json.loads(self.text)["format"]
+        if self.kind in ("json_object", "json_schema"):
+            schema = json.loads(self.text) if self.kind == "json_schema" else {"type": "object"}
+            return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+        if self.kind == "regex":
+            return {"type": "regex", "pattern": self.text}
+        if self.kind == "choice":
+            return {"type": "or", "elements": [{"type": "const_string", "value": c} for c in json.loads(self.text)]}
+        return {"type": "grammar", "grammar": self.text}
 
     def as_ebnf_choice(self) -> str:
         """The choice list as an EBNF grammar (JSON string escapes are valid EBNF string literals)."""

@@ -60,10 +60,12 @@ class XGrammarBackend:
                 return self._compiler.compile_json_schema(spec.text, any_whitespace=False, strict_mode=True)
             if spec.kind == "regex":
                 return self._compiler.compile_regex(spec.text)
+            if spec.kind == "structural_tag":
+                return self._compiler.compile_structural_tag(spec.text)
             if spec.kind == "choice":
                 return self._compiler.compile_grammar(spec.as_ebnf_choice())
             return self._compiler.compile_grammar(spec.text)
-        except (RuntimeError, ValueError) as error:
+        except (RuntimeError, ValueError, TypeError) as error:
             raise ValueError(f"invalid {spec.kind} grammar: {_first_line(error)}") from None
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
