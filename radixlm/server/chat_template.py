@@ -7,6 +7,7 @@ Shipped templates live in `radixlm/templates/` and are named by their file stem 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,10 @@ from radixlm.server.protocol import ChatMessage
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 MAX_TEMPLATE_KWARGS = 16
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 # apply_chat_template's own parameters: a request must not reach them through chat_template_kwargs.
-_RESERVED_KWARGS = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "tokenize",
+_RESERVED_KWARGS = frozenset({"conversation", "conversations", "messages", "sanitize_control_tokens", "tools",
+                              "documents", "chat_template", "tokenize",
                               "add_generation_prompt", "continue_final_message", "padding", "truncation",
                               "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
                               "tokenizer_kwargs"})
@@ -50,6 +53,9 @@ def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
         return {}
     if not isinstance(kwargs, dict) or len(kwargs) > MAX_TEMPLATE_KWARGS:
         raise ValueError(f"chat_template_kwargs must be an object of at most {MAX_TEMPLATE_KWARGS} variables")
+    odd = [key for key in kwargs if not _VARIABLE.fullmatch(key)]
+    if odd:
+        raise ValueError(f"chat_template_kwargs key {odd[0][:64]!r} is not a template variable name")
     reserved = sorted(_RESERVED_KWARGS & set(kwargs))
     if reserved:
         raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r} (a request field or the server's)")

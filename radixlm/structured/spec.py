@@ -70,7 +70,7 @@ class GrammarSpec:
             return json.loads(self.text)["format"]
         if self.kind in ("json_object", "json_schema"):
             schema = json.loads(self.text) if self.kind == "json_schema" else {"type": "object"}
-            return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+            return {"type": "json_schema", "json_schema": schema}
         if self.kind == "regex":
             return {"type": "regex", "pattern": self.text}
         if self.kind == "choice":

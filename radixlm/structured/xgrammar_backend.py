@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
@@ -61,7 +64,7 @@ class XGrammarBackend:
             if spec.kind == "regex":
                 return self._compiler.compile_regex(spec.text)
             if spec.kind == "structural_tag":
-                return self._compiler.compile_structural_tag(spec.text)
+                return self._compiler.compile_structural_tag(json.dumps(_tight_json(json.loads(spec.text))))
             if spec.kind == "choice":
                 return self._compiler.compile_grammar(spec.as_ebnf_choice())
             return self._compiler.compile_grammar(spec.text)
@@ -76,6 +79,20 @@ class XGrammarBackend:
 
     def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
         xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+
+
+def _tight_json(value: Any) -> Any:
+    """A structural tag with every JSON-schema part as its grammar without free whitespace, as `compile` builds
+    plain JSON schemas (the structural tag's own JSON format allows runs of blanks)."""
+    if isinstance(value, list):
+        return [_tight_json(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if value.get("type") == "json_schema" and value.get("style", "json") == "json":
+        grammar = xgr.Grammar.from_json_schema(json.dumps(value["json_schema"]), any_whitespace=False,
+                                               strict_mode=True)
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {key: _tight_json(item) for key, item in value.items()}
 
 
 def _first_line(error: Exception) -> str:

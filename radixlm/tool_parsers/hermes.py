@@ -33,6 +33,6 @@ class HermesToolParser(ToolParser):
 
     def call_tag(self, function_name: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"type": "tag", "begin": f'{BEGIN}\n{{"name": {json.dumps(function_name)}, "arguments": ',
-                "content": {"type": "json_schema", "json_schema": parameters, "max_whitespace_cnt": 1},
+                "content": {"type": "json_schema", "json_schema": parameters},
                 "end": f"}}\n{END}"}
 

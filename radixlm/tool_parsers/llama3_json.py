@@ -53,5 +53,5 @@ class Llama3JsonToolParser(ToolParser):
 
     def call_tag(self, function_name: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"type": "tag", "begin": f'{{"name": {json.dumps(function_name)}, "parameters": ',
-                "content": {"type": "json_schema", "json_schema": parameters, "max_whitespace_cnt": 1}, "end": "}"}
+                "content": {"type": "json_schema", "json_schema": parameters}, "end": "}"}
 

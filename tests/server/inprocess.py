@@ -24,8 +24,9 @@ MODEL_NAME = "tiny"
 ENGINE_OPTIONS = {"num_kv_blocks": 256, "block_size": 4, "num_threads": 1}
 
 
-def tiny_app(model_dir: Path, **app_options: Any):
-    return create_app(lambda: build_engine(model=str(model_dir), **ENGINE_OPTIONS), MODEL_NAME, **app_options)
+def tiny_app(model_dir: Path, engine_options: dict[str, Any] | None = None, **app_options: Any):
+    options = ENGINE_OPTIONS | (engine_options or {})
+    return create_app(lambda: build_engine(model=str(model_dir), **options), MODEL_NAME, **app_options)
 
 
 def wait_healthy(get, timeout: float = 120.0) -> None:
@@ -41,8 +42,8 @@ def wait_healthy(get, timeout: float = 120.0) -> None:
 class InProcessApp:
     """`request(method, path, **httpx_kwargs)` from synchronous tests; the app lives on a portal thread's loop."""
 
-    def __init__(self, model_dir: Path, **app_options: Any) -> None:
-        self.app = tiny_app(model_dir, **app_options)
+    def __init__(self, model_dir: Path, engine_options: dict[str, Any] | None = None, **app_options: Any) -> None:
+        self.app = tiny_app(model_dir, engine_options, **app_options)
         self._stack = contextlib.ExitStack()
         self.portal = self._stack.enter_context(start_blocking_portal())
         self._stack.enter_context(self.portal.wrap_async_context_manager(self.app.router.lifespan_context(self.app)))

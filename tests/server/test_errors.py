@@ -62,7 +62,9 @@ BAD_REQUESTS = [
     ("content-part-image", chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), 400, "messages.0.content.0.type",
      ["image_url"]),
-    ("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools", ["tools"]),
+    ("tools-auto-not-enabled", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tool_choice",
+     ["--enable-auto-tool-choice"]),
+    ("functions", chat(functions=[{"name": "f"}]), 400, "functions", ["functions"]),
     ("response-format-unknown-type", chat(response_format={"type": "xml"}), 400, "response_format",
      ["response_format", "json_schema"]),
     ("response-format-schema-missing", chat(response_format={"type": "json_schema"}), 400, "response_format",

@@ -102,6 +102,10 @@ CHAT_FIELDS = {
     "top_logprobs": plausible_or_hostile(st.integers(0, 5)),
     "add_generation_prompt": plausible_or_hostile(st.booleans()),
     "tools": hostile_values,
+    "tool_choice": plausible_or_hostile(st.sampled_from(["none", "auto", "required"])),
+    "parallel_tool_calls": hostile_values,
+    "chat_template_kwargs": plausible_or_hostile(st.dictionaries(st.text(max_size=8), hostile_scalars, max_size=3)),
+    "agent_loop": hostile_values,
 }
 
 
