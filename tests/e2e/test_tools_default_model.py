@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
+from server.harness import start_server
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.loader import resolve_model_dir
-from server.harness import start_server
 
 pytestmark = pytest.mark.slow
 
-CITY = {"type": "string", "maxLength": 12}
+CITY = {"type": "string", "maxLength": 8}
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a place",
                                       "parameters": {"type": "object", "properties": {
@@ -31,9 +31,9 @@ TOOLS = [
                                               "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
                                               "to": {"type": "string", "pattern": "^[A-Z]{3}$"}},
                                                     "required": ["from", "to"]},
-                                          "passengers": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
+                                          "passengers": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
                                               "type": "object", "properties": {
-                                                  "name": {"type": "string", "maxLength": 10},
+                                                  "name": {"type": "string", "maxLength": 8},
                                                   "age": {"type": "integer", "minimum": 0, "maximum": 120}},
                                               "required": ["name", "age"]}}},
                                           "required": ["route", "passengers"]}}},
@@ -43,7 +43,7 @@ TOOLS = [
                                               "hour": {"type": "integer", "minimum": 0, "maximum": 23},
                                               "minute": {"type": "integer", "minimum": 0, "maximum": 59}},
                                                    "required": ["hour", "minute"]},
-                                          "label": {"type": "string", "maxLength": 12}},
+                                          "label": {"type": "string", "maxLength": 8}},
                                           "required": ["time", "label"]}}},
 ]
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
@@ -82,21 +82,27 @@ def test_twenty_required_requests_all_call_valid_tools(server):
         assert choice.finish_reason == "tool_calls" and len(valid_calls(choice.message)) == 1, choice
 
 
+def streamed_calls(client, question: str, **fields) -> tuple[list[str], list[str]]:
+    names, arguments = [], []
+    for chunk in ask(client, question, stream=True, **fields):
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if call.function.name:
+                names.append(call.function.name)
+                arguments.append("")
+            arguments[call.index] += call.function.arguments or ""
+    return names, arguments
+
+
 def test_named_choice_and_streaming_agree(server):
     client = server.client()
-    for name, question in (("set_alarm", QUESTIONS[0]), ("book_flight", QUESTIONS[1])):
-        forced = {"type": "function", "function": {"name": name}}
-        message = ask(client, question, tool_choice=forced, temperature=0).choices[0].message
-        calls = valid_calls(message)
-        assert [n for n, _ in calls] == [name]
-        names, arguments = [], []
-        for chunk in ask(client, question, tool_choice=forced, temperature=0, stream=True):
-            for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-                if call.function.name:
-                    names.append(call.function.name)
-                    arguments.append("")
-                arguments[call.index] += call.function.arguments or ""
-        assert names == [name] and arguments == [message.tool_calls[0].function.arguments]
+    cases = [("set_alarm", QUESTIONS[0]), ("book_flight", QUESTIONS[2])]
+    forced = [dict(tool_choice={"type": "function", "function": {"name": name}}, temperature=0) for name, _ in cases]
+    with ThreadPoolExecutor(4) as pool:
+        messages = pool.map(lambda i: ask(client, cases[i][1], **forced[i]).choices[0].message, range(2))
+        streams = pool.map(lambda i: streamed_calls(client, cases[i][1], **forced[i]), range(2))
+        for (name, _), message, (names, arguments) in zip(cases, list(messages), list(streams), strict=True):
+            assert [n for n, _ in valid_calls(message)] == [name]
+            assert names == [name] and arguments == [message.tool_calls[0].function.arguments]
 
 
 def test_tool_result_round_trip_with_langchain(server):
