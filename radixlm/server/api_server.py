@@ -30,6 +30,7 @@ from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics
 from radixlm.server.chat import ChatCompletions
 from radixlm.server.chat_options import ChatOptions
+from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.completions import Completions
 from radixlm.server.dashboard import dashboard_router
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
@@ -39,6 +40,7 @@ from radixlm.server.protocol import DetokenizeRequest, TokenizeRequest
 from radixlm.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from radixlm.server.serving import OpenAIServing
 from radixlm.server.tokenization import Tokenization
+from radixlm.server.tool_calling import check_tools
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +134,13 @@ def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_nam
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt)
+            try:
+                tools = body.tools if body.tools is None or check_tools(body.tools) else None
+                template_kwargs = check_template_kwargs(body.chat_template_kwargs)
+            except ValueError as error:
+                raise APIError(400, str(error), param=str(error).split(" ", 1)[0]) from None
+            tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt, tools,
+                                               template_kwargs)
         else:
             tokens = await serving.encode(info, body.prompt, body.add_special_tokens, param="prompt")
         return TokenizeResponse(count=len(tokens), max_model_len=info.max_model_len, tokens=tokens)

@@ -228,6 +228,8 @@ class TokenizeRequest(RequestBody):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(RequestBody):

@@ -162,3 +162,20 @@ def test_auto_needs_the_server_flag(long_model_dir):
         assert response.json()["choices"][0]["finish_reason"] == "tool_calls"
     finally:
         plain.close()
+
+
+def test_reasoning_parser_splits_reasoning_streaming_and_not(long_model_dir, app):
+    """deepseek_r1: text without </think> is all reasoning (the random model never closes the block)."""
+    plain_text = chat(app, max_tokens=12).json()["choices"][0]["message"]["content"]
+    thinking = InProcessApp(long_model_dir, LONG, chat_options=ChatOptions(chat_template="smollm2_tools",
+                                                                          reasoning_parser="deepseek_r1"))
+    try:
+        message = chat(thinking, max_tokens=12).json()["choices"][0]["message"]
+        assert message["reasoning_content"] == plain_text and message["content"] == ""
+        response = chat(thinking, max_tokens=12, stream=True)
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in response.text.splitlines()
+                  if line.startswith("data: {")]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == plain_text
+        assert not any(d.get("content") for d in deltas)
+    finally:
+        thinking.close()
