@@ -135,11 +135,12 @@ def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_nam
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
             try:
-                tools = body.tools if body.tools is None or check_tools(body.tools) else None
+                if body.tools is not None:
+                    check_tools(body.tools)
                 template_kwargs = check_template_kwargs(body.chat_template_kwargs)
             except ValueError as error:
                 raise APIError(400, str(error), param=str(error).split(" ", 1)[0]) from None
-            tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt, tools,
+            tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt, body.tools,
                                                template_kwargs)
         else:
             tokens = await serving.encode(info, body.prompt, body.add_special_tokens, param="prompt")

@@ -53,7 +53,7 @@ def check_tools(tools: Any) -> list[FunctionTool]:
 
 def check_tool_choice(tool_choice: Any, functions: list[FunctionTool]) -> str:
     """"none", "auto", "required", or the name of the function the request forces."""
-    if tool_choice is None:
+    if tool_choice is None or (tool_choice == "none" and not functions):
         return "auto" if functions else "none"
     if not functions:
         raise ValueError("tool_choice needs tools")

@@ -179,3 +179,11 @@ def test_reasoning_parser_splits_reasoning_streaming_and_not(long_model_dir, app
         assert not any(d.get("content") for d in deltas)
     finally:
         thinking.close()
+
+
+def test_none_without_tools_is_accepted_and_tokenize_renders_tools(app):
+    assert chat(app, tool_choice="none", max_tokens=2).status_code == 200
+    tokens = app.post("/tokenize", {"messages": MESSAGES, "tools": TOOLS[:1]}).json()["tokens"]
+    assert '"name": "get_weather"' in app.post("/detokenize", {"tokens": tokens}).json()["prompt"]
+    response = app.post("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function"}]})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools.0"
