@@ -83,8 +83,9 @@ class ChatCompletions(OpenAIServing):
         reasoning = options.reasoning()
         if reasoning is not None and grammar[0] is not None and template_kwargs.get("enable_thinking") is not False:
             grammar = (after_reasoning(grammar[0]), grammar[1])
+        forced_names = () if forced is None else tuple(f.name for f in functions if choice in ("required", f.name))
         return _Plan(body.tools if functions else None, template_kwargs, grammar,
-                     OutputParsing(reasoning, tool_parser, single_call=not body.parallel_tool_calls))
+                     OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names))
 
     def _logprobs(self, body: ChatCompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   logprobs: list | None, top_n: int) -> ChatLogprobs | None:

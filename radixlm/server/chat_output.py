@@ -19,17 +19,19 @@ from radixlm.server.responses import (
     FunctionCall,
     ToolCall,
 )
-from radixlm.tool_parsers import ParsedToolCall, ToolCallStream, ToolParser
+from radixlm.tool_parsers import ToolCallDelta, ToolCallStream, ToolParser
 
 
 @dataclass(frozen=True)
 class OutputParsing:
     """How a request's output is read: `tool_parser` is None when calls are not parsed (no tools, or "none");
-    `single_call` keeps only the first call (`parallel_tool_calls: false`)."""
+    `single_call` keeps only the first call (`parallel_tool_calls: false`); `forced_names` lists the functions the
+    grammar forces calls of (their calls stream argument fragments as they are generated)."""
 
     reasoning: ReasoningParser | None = None
     tool_parser: ToolParser | None = None
     single_call: bool = False
+    forced_names: tuple[str, ...] = ()
 
 
 def new_call_id() -> str:
@@ -42,7 +44,8 @@ class SequenceParser:
     def __init__(self, parsing: OutputParsing) -> None:
         self.parsing = parsing
         self._reasoning = ReasoningStream(parsing.reasoning) if parsing.reasoning is not None else None
-        self._tools = ToolCallStream(parsing.tool_parser) if parsing.tool_parser is not None else None
+        self._tools = ToolCallStream(parsing.tool_parser, list(parsing.forced_names)) \
+            if parsing.tool_parser is not None else None
         self.num_calls = 0
 
     def feed(self, delta: str, final: bool = False) -> list[DeltaMessage]:
@@ -52,21 +55,21 @@ class SequenceParser:
         for event in events:
             if isinstance(event, str):
                 deltas.append(DeltaMessage(content=event))
-            elif not (self.parsing.single_call and self.num_calls):
-                deltas.extend(self._call_deltas(event))
+            elif not (self.parsing.single_call and event.index > 0):
+                deltas.append(DeltaMessage(tool_calls=[self._call_delta(event)]))
         return deltas
 
     def finish_reason(self, finish_reason: str | None) -> str | None:
         """A reply that called tools and stopped by itself ends with "tool_calls", as OpenAI's do."""
         return "tool_calls" if self.num_calls and finish_reason == "stop" else finish_reason
 
-    def _call_deltas(self, call: ParsedToolCall) -> list[DeltaMessage]:
-        """Name first, then the arguments, as OpenAI streams a call."""
-        index, self.num_calls = self.num_calls, self.num_calls + 1
-        opening = DeltaToolCall(index=index, id=new_call_id(), type="function",
-                                function=DeltaFunctionCall(name=call.name, arguments=""))
-        arguments = DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=call.arguments))
-        return [DeltaMessage(tool_calls=[opening]), DeltaMessage(tool_calls=[arguments])]
+    def _call_delta(self, delta: ToolCallDelta) -> DeltaToolCall:
+        """A call's first delta carries its new id, type and name, as OpenAI streams a call."""
+        if delta.name is None:
+            return DeltaToolCall(index=delta.index, function=DeltaFunctionCall(arguments=delta.arguments))
+        self.num_calls += 1
+        return DeltaToolCall(index=delta.index, id=new_call_id(), type="function",
+                             function=DeltaFunctionCall(name=delta.name, arguments=delta.arguments))
 
 
 def parse_message(parsing: OutputParsing, text: str) -> tuple[AssistantMessage, SequenceParser]:
@@ -78,7 +81,8 @@ def parse_message(parsing: OutputParsing, text: str) -> tuple[AssistantMessage, 
         content.append(delta.content or "")
         for call in delta.tool_calls or []:
             if call.id is not None:
-                calls.append(ToolCall(id=call.id, function=FunctionCall(name=call.function.name or "", arguments="")))
+                calls.append(ToolCall(id=call.id, function=FunctionCall(name=call.function.name or "",
+                                                                        arguments=call.function.arguments or "")))
             else:
                 calls[call.index].function.arguments += call.function.arguments or ""
     text_content = "".join(content)

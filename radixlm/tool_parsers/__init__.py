@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from radixlm.tool_parsers.base import ParsedToolCall, ToolCallStream, ToolParser, parse_tool_calls
+from radixlm.tool_parsers.base import (
+    ParsedToolCall,
+    ToolCallDelta,
+    ToolCallStream,
+    ToolParser,
+    fold_calls,
+    parse_tool_calls,
+)
 from radixlm.tool_parsers.hermes import HermesToolParser
 from radixlm.tool_parsers.llama3_json import Llama3JsonToolParser
 
@@ -16,4 +23,5 @@ def get_tool_parser(name: str) -> ToolParser:
     return TOOL_PARSERS[name]()
 
 
-__all__ = ["TOOL_PARSERS", "ParsedToolCall", "ToolCallStream", "ToolParser", "get_tool_parser", "parse_tool_calls"]
+__all__ = ["TOOL_PARSERS", "ParsedToolCall", "ToolCallDelta", "ToolCallStream", "ToolParser", "fold_calls",
+           "get_tool_parser", "parse_tool_calls"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from radixlm.tool_parsers.base import Scan, ToolParser, add_content, call_from_json, held_back
 
@@ -13,6 +12,7 @@ END = "</tool_call>"
 
 class HermesToolParser(ToolParser):
     name = "hermes"
+    call_end = f"}}\n{END}"
     separator = "\n"
 
     def scan(self, text: str, final: bool) -> Scan:
@@ -31,8 +31,5 @@ class HermesToolParser(ToolParser):
             scan.items.append(call if call is not None else text[start:pos])
             scan.settled = pos
 
-    def call_tag(self, function_name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "tag", "begin": f'{BEGIN}\n{{"name": {json.dumps(function_name)}, "arguments": ',
-                "content": {"type": "json_schema", "json_schema": parameters},
-                "end": f"}}\n{END}"}
-
+    def call_begin(self, function_name: str) -> str:
+        return f'{BEGIN}\n{{"name": {json.dumps(function_name)}, "arguments": '

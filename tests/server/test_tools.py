@@ -45,11 +45,12 @@ def chat(app, **fields):
     return app.post("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 400, "temperature": 0, **fields})
 
 
-def streamed_message(app, **fields) -> tuple[dict, str]:
-    """The stream folded into one message (as a client folds it), and the finish reason."""
+def streamed_message(app, **fields) -> tuple[dict, str, int]:
+    """The stream folded into one message (as a client folds it), the finish reason, and how many argument
+    fragments came."""
     response = chat(app, stream=True, **fields)
     assert response.status_code == 200, response.text
-    content, calls, finish = "", [], None
+    content, calls, finish, num_fragments = "", [], None, 0
     for line in response.text.splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue
@@ -63,7 +64,8 @@ def streamed_message(app, **fields) -> tuple[dict, str]:
             else:
                 assert "name" not in call["function"]
                 calls[call["index"]]["arguments"] += call["function"]["arguments"]
-    return {"content": content or None, "tool_calls": calls}, finish
+                num_fragments += 1
+    return {"content": content or None, "tool_calls": calls}, finish, num_fragments
 
 
 def calls_of(message: dict) -> list[dict]:
@@ -85,9 +87,10 @@ def test_required_always_calls_valid_tools_and_streaming_agrees(app):
         if not parallel:
             assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None, choice
             assert len(calls) == 1
-        streamed, finish = streamed_message(app, **fields)
+        streamed, finish, num_fragments = streamed_message(app, **fields)
         assert (streamed, finish) == ({"content": choice["message"]["content"], "tool_calls": calls},
                                       choice["finish_reason"])
+        assert num_fragments > 3 * len(calls)  # forced calls stream their arguments as they are generated
 
 
 def test_named_choice_calls_that_function_once(app):

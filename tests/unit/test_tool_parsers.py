@@ -6,7 +6,14 @@ import json
 import pytest
 
 from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_message
-from radixlm.tool_parsers import ParsedToolCall, ToolCallStream, get_tool_parser, parse_tool_calls
+from radixlm.tool_parsers import (
+    ParsedToolCall,
+    ToolCallDelta,
+    ToolCallStream,
+    fold_calls,
+    get_tool_parser,
+    parse_tool_calls,
+)
 
 WEATHER = ParsedToolCall("get_weather", '{"city": "Paris", "days": [1, 2]}')
 TIME = ParsedToolCall("get_time", '{"zone": "a}b{\\"c"}')
@@ -18,7 +25,7 @@ CASES = [
     ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_time", "arguments": {"zone": "a}b{\\"c"}}\n</tool_call>', None,
      [WEATHER, TIME]),
-    ("hermes", 'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": [1,2]}}'
+    ("hermes", 'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}'
                '</tool_call> Done.', "Let me check.\n Done.", [WEATHER]),
     ("hermes", 'Oops <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> end',
      'Oops <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> end', []),
@@ -29,7 +36,7 @@ CASES = [
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}}', None, [WEATHER]),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}}; '
                     '{"name": "get_time", "parameters": {"zone": "a}b{\\"c"}}', None, [WEATHER, TIME]),
-    ("llama3_json", 'Sure: {"name": "get_weather", "parameters": {"city": "Paris", "days": [1,2]}} ok',
+    ("llama3_json", 'Sure: {"name": "get_weather", "parameters": {"city": "Paris", "days": [1, 2]}} ok',
      "Sure:  ok", [WEATHER]),
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Par', '{"name": "get_weather", "parameters": '
                                                                           '{"city": "Par', []),
@@ -38,14 +45,15 @@ CASES = [
 ]
 
 
-def stream_all(parser_name: str, text: str, step: int) -> tuple[str | None, list[ParsedToolCall]]:
-    stream = ToolCallStream(get_tool_parser(parser_name))
+def stream_all(parser_name: str, text: str, step: int, forced_names: list[str] | None = None,
+               ) -> tuple[str | None, list[ParsedToolCall]]:
+    stream = ToolCallStream(get_tool_parser(parser_name), forced_names)
     events = []
     for start in range(0, len(text), step):
         events += stream.feed(text[start:start + step])
     events += stream.feed("", final=True)
     content = "".join(e for e in events if isinstance(e, str))
-    return content or None, [e for e in events if isinstance(e, ParsedToolCall)]
+    return content or None, fold_calls([e for e in events if isinstance(e, ToolCallDelta)])
 
 
 @pytest.mark.parametrize(("parser_name", "text", "content", "calls"), CASES)
@@ -64,7 +72,32 @@ def test_content_streams_before_the_call_completes():
     assert stream.feed("Checking the weather ") == ["Checking the weather "]
     assert stream.feed("<tool_") == []  # may be a marker: held
     assert stream.feed('call>{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}') == []
-    assert stream.feed("</tool_call>") == [WEATHER]
+    assert stream.feed("</tool_call>") == [ToolCallDelta(0, "get_weather", ""),
+                                           ToolCallDelta(0, None, '{"city": "Paris", "days": [1, 2]}')]
+
+
+FORCED = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>\n'
+          '<tool_call>\n{"name": "get_time", "arguments": {"zone": "a}b{\\"c"}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_forced_calls_stream_argument_fragments_as_generated(step):
+    stream = ToolCallStream(get_tool_parser("hermes"), ["get_weather", "get_time"])
+    events = [e for i in range(0, len(FORCED), step) for e in stream.feed(FORCED[i:i + step])]
+    events += stream.feed("", final=True)
+    assert events[0] == ToolCallDelta(0, "get_weather", "")
+    fragments = [e.arguments for e in events if isinstance(e, ToolCallDelta) and e.index == 0 and e.name is None]
+    assert len(fragments) > 3 and "".join(fragments) == WEATHER.arguments
+    assert fold_calls(events) == [WEATHER, TIME] == parse_tool_calls(get_tool_parser("hermes"), FORCED)[1]
+
+
+def test_a_forced_call_cut_short_stays_a_call():
+    cut = FORCED[:FORCED.index("Paris") + 2]
+    assert stream_all("hermes", cut, 3, ["get_weather"]) == \
+        (None, [ParsedToolCall("get_weather", '{"city": "Pa')])
+    message, _ = parse_message(OutputParsing(tool_parser=get_tool_parser("hermes"), forced_names=("get_weather",)),
+                               cut)
+    assert message.tool_calls[0].function.arguments == '{"city": "Pa' and message.content is None
 
 
 def test_stream_deltas_name_first_then_arguments():
