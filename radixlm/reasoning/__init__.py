@@ -1,86 +1,15 @@
-"""Reasoning parsers (`--reasoning-parser`), named as vLLM and SGLang name them: `deepseek_r1` and `qwen3`.
-
-Both split `<think>...</think>` from the answer. They differ when the text has no `</think>`: DeepSeek-R1's
-template opens the think block in the prompt, so unclosed text is all reasoning; Qwen3 may answer without
-thinking, so text without `</think>` is all content.
-"""
+"""Reasoning parsers (`--reasoning-parser`): split a model's thinking text from its answer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from radixlm.reasoning.think import (
+    REASONING_PARSERS,
+    THINK_END,
+    THINK_START,
+    ReasoningParser,
+    ReasoningStream,
+    get_reasoning_parser,
+)
 
-from radixlm.tool_parsers.base import held_back
-
-THINK_START = "<think>"
-THINK_END = "</think>"
-
-
-@dataclass(frozen=True)
-class ReasoningParser:
-    """`unclosed_is_reasoning`: whether text without `</think>` is reasoning (deepseek_r1) or content (qwen3)."""
-
-    name: str
-    unclosed_is_reasoning: bool
-
-    def parse(self, text: str) -> tuple[str | None, str | None]:
-        """Non-streaming: (reasoning_content, content) -- what a stream of the same text yields."""
-        stream = ReasoningStream(self)
-        reasoning, content = stream.feed(text, final=True)
-        return reasoning or None, content or None
-
-
-REASONING_PARSERS = {"deepseek_r1": ReasoningParser("deepseek_r1", unclosed_is_reasoning=True),
-                     "qwen3": ReasoningParser("qwen3", unclosed_is_reasoning=False)}
-
-
-def get_reasoning_parser(name: str) -> ReasoningParser:
-    if name not in REASONING_PARSERS:
-        raise ValueError(f"reasoning_parser must be one of {sorted(REASONING_PARSERS)}, got {name!r}")
-    return REASONING_PARSERS[name]
-
-
-class ReasoningStream:
-    """Feed text deltas, get (reasoning delta, content delta) pairs.
-
-    qwen3 cannot tell reasoning from content until `</think>` arrives, so it holds the text back until then (or
-    the end, when it is all content); deepseek_r1 streams reasoning as it comes.
-    """
-
-    def __init__(self, parser: ReasoningParser) -> None:
-        self.parser = parser
-        self._buffer = ""
-        self._in_reasoning = True
-        self._started = False
-        self._content_started = False
-
-    def feed(self, delta: str, final: bool = False) -> tuple[str, str]:
-        reasoning, content = self._feed(delta, final)
-        if not self._content_started:  # the blank line after </think> is markup too
-            content = content.lstrip("\n")
-            self._content_started = bool(content)
-        return reasoning, content
-
-    def _feed(self, delta: str, final: bool) -> tuple[str, str]:
-        if not self._in_reasoning:
-            return "", delta
-        self._buffer += delta
-        if not self._started:  # a leading <think> (and the blank after it) is markup, not reasoning
-            stripped = self._buffer.lstrip()
-            if THINK_START.startswith(stripped) and not final:
-                return "", ""
-            self._buffer = stripped.removeprefix(THINK_START).lstrip("\n") if stripped.startswith(THINK_START) \
-                else self._buffer
-            self._started = True
-        end = self._buffer.find(THINK_END)
-        if end != -1:
-            reasoning, content = self._buffer[:end], self._buffer[end + len(THINK_END):]
-            self._buffer, self._in_reasoning = "", False
-            return reasoning, content
-        if final:
-            text, self._buffer = self._buffer, ""
-            return (text, "") if self.parser.unclosed_is_reasoning else ("", text)
-        if not self.parser.unclosed_is_reasoning:
-            return "", ""
-        keep = held_back(self._buffer, THINK_END)
-        text, self._buffer = self._buffer[:len(self._buffer) - keep], self._buffer[len(self._buffer) - keep:]
-        return text, ""
+__all__ = ["REASONING_PARSERS", "THINK_END", "THINK_START", "ReasoningParser", "ReasoningStream",
+           "get_reasoning_parser"]

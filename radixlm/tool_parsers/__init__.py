@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-from radixlm.tool_parsers.base import (
-    ParsedToolCall,
-    ToolCallDelta,
-    ToolCallStream,
-    ToolParser,
-    fold_calls,
-    parse_tool_calls,
-)
+from radixlm.tool_parsers.base import ParsedToolCall, ToolCallDelta, ToolParser
 from radixlm.tool_parsers.hermes import HermesToolParser
 from radixlm.tool_parsers.llama3_json import Llama3JsonToolParser
+from radixlm.tool_parsers.stream import ToolCallStream, fold_calls, parse_tool_calls
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser, "llama3_json": Llama3JsonToolParser}
 

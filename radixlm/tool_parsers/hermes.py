@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from radixlm.tool_parsers.base import Scan, ToolParser, add_content, call_from_json, held_back
+from radixlm.tool_parsers.base import Scan, ToolParser, add_content, held_back
+from radixlm.tool_parsers.json_text import call_from_json
 
 BEGIN = "<tool_call>"
 END = "</tool_call>"

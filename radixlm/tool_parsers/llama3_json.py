@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from radixlm.tool_parsers.base import Scan, ToolParser, add_content, call_from_json, object_end
+from radixlm.tool_parsers.base import Scan, ToolParser, add_content
+from radixlm.tool_parsers.json_text import call_from_json, object_end
 
 
 class Llama3JsonToolParser(ToolParser):
