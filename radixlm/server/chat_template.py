@@ -94,7 +94,7 @@ def _template_tool_calls(i: int, tool_calls: Any) -> list[Any]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 raise APIError(400, f"{param}.{j}.function.arguments is not valid JSON",
                                param=f"{param}.{j}.function.arguments") from None
         calls.append(call | {"function": function | {"arguments": arguments}})

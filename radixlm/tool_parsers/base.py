@@ -64,9 +64,10 @@ class ToolParser(ABC):
     call_end: str = ""  # what closes a call after its arguments object
 
     @abstractmethod
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: dict[str, Any]) -> Scan:
         """Settle as much of `text` as is certain. With `final`, everything is settled: an unclosed or malformed
-        call is content. The stream scans only the unsettled tail, so a scan must depend on its input alone."""
+        call is content. The stream scans only the unsettled tail, so a scan must depend on its input alone; `memo`
+        (one per stream) may carry work on the open tail over to the next scan, so that streaming stays linear."""
 
     @abstractmethod
     def call_begin(self, function_name: str) -> str:

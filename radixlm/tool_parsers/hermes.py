@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from radixlm.tool_parsers.base import Scan, ToolParser, add_content, held_back
 from radixlm.tool_parsers.json_text import call_from_json
@@ -16,7 +17,7 @@ class HermesToolParser(ToolParser):
     call_end = f"}}\n{END}"
     separator = "\n"
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: dict[str, Any]) -> Scan:
         scan, pos = Scan(), 0
         while True:
             start = text.find(BEGIN, pos)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from radixlm.tool_parsers.base import ParsedToolCall
 
@@ -12,7 +13,7 @@ def call_from_json(text: str, arguments_keys: tuple[str, ...]) -> ParsedToolCall
     model's own text of that object (so that streamed fragments add up to them exactly)."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also integers too long to convert
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
@@ -48,24 +49,38 @@ def _skip_blanks(text: str, index: int) -> int:
     return index
 
 
+# A JSON string (group 1 is its closing quote: None while the string is still open) or a bracket; the regex engine
+# steps over string contents, so the Python loop sees only structure.
+_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(")?|[{}\[\]]')
+
+
 def object_end(text: str, start: int) -> int | None:
     """The index just past the `}` closing the object that opens at `text[start]`, or None if it is still open."""
-    depth, in_string, escaped = 0, False, False
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-    return None
+    return ObjectEndFinder(start).find(text)
+
+
+class ObjectEndFinder:
+    """`object_end`, resumable as the text grows: each call scans only what the previous ones had not."""
+
+    def __init__(self, start: int) -> None:
+        self._position = start
+        self._depth = 0
+        self._end: int | None = None
+
+    def find(self, text: str) -> int | None:
+        if self._end is not None:
+            return self._end
+        for match in _STRUCTURE.finditer(text, self._position):
+            token = match.group()
+            if token[0] == '"':
+                if match.group(1) is None:
+                    return None  # an open string: resume at its start
+            elif token in "{[":
+                self._depth += 1
+            else:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._end = match.end()
+                    return self._end
+            self._position = match.end()
+        return None

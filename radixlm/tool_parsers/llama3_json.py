@@ -4,9 +4,10 @@ JSON tool format). An object that is not a call stays content."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from radixlm.tool_parsers.base import Scan, ToolParser, add_content
-from radixlm.tool_parsers.json_text import call_from_json, object_end
+from radixlm.tool_parsers.json_text import ObjectEndFinder, call_from_json
 
 
 class Llama3JsonToolParser(ToolParser):
@@ -14,7 +15,7 @@ class Llama3JsonToolParser(ToolParser):
     call_end = "}"
     separator = "; "
 
-    def scan(self, text: str, final: bool) -> Scan:
+    def scan(self, text: str, final: bool, memo: dict[str, Any]) -> Scan:
         scan, pos = Scan(), 0
         while True:
             start = text.find("{", pos)
@@ -22,9 +23,14 @@ class Llama3JsonToolParser(ToolParser):
                 add_content(scan, text, pos, len(text))
                 return scan
             add_content(scan, text, pos, start)
-            end = object_end(text, start)
-            if end is None:
+            # An object left open starts the next scan's text: resume its search there.
+            finder = memo.pop("open", None) if start == 0 else None
+            finder = finder or ObjectEndFinder(0)
+            relative_end = finder.find(text[start:])
+            if relative_end is None:
+                memo["open"] = finder
                 return add_content(scan, text, start, len(text)) if final else scan
+            end = start + relative_end
             call = call_from_json(text[start:end], ("parameters", "arguments"))
             scan.items.append(call if call is not None else text[start:end])
             scan.settled = pos = end

@@ -4,9 +4,11 @@ fed the whole text at once, so both agree by construction."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from radixlm.tool_parsers.base import ParsedToolCall, ToolCallDelta, ToolParser
-from radixlm.tool_parsers.json_text import object_end
+from radixlm.tool_parsers.json_text import ObjectEndFinder
 
 _FILLER = re.compile(r"[\s;]*")  # what separates calls; never content on its own
 
@@ -29,7 +31,8 @@ class ToolCallStream:
         self._pending_filler = ""
         self._has_content = False
         self._num_calls = 0
-        self._open: list[int] | None = None  # the streaming call: [index, length of its opening, chars emitted]
+        self._memo: dict[str, Any] = {}
+        self._open: _OpenCall | None = None
 
     def feed(self, delta: str, final: bool = False) -> list[str | ToolCallDelta]:
         self._text += delta
@@ -44,7 +47,7 @@ class ToolCallStream:
         return _merged(events)
 
     def _settle(self, final: bool) -> list[str | ToolCallDelta]:
-        scan = self.parser.scan(self._text[self._settled:], final)
+        scan = self.parser.scan(self._text[self._settled:], final, self._memo)
         self._settled += scan.settled
         events: list[str | ToolCallDelta] = []
         for item in scan.items:
@@ -59,8 +62,8 @@ class ToolCallStream:
 
     def _close(self, call: ParsedToolCall) -> list[ToolCallDelta]:
         if self._open is not None:  # streamed so far: send the rest of its arguments
-            (index, _, emitted), self._open = self._open, None
-            return [ToolCallDelta(index, None, call.arguments[emitted:])] if call.arguments[emitted:] else []
+            index, rest, self._open = self._open.index, call.arguments[self._open.num_emitted:], None
+            return [ToolCallDelta(index, None, rest)] if rest else []
         index, self._num_calls = self._num_calls, self._num_calls + 1
         return [ToolCallDelta(index, call.name, ""), ToolCallDelta(index, None, call.arguments)]
 
@@ -70,17 +73,27 @@ class ToolCallStream:
             begin = next((begin for begin in self._begins if tail.startswith(begin)), None)
             if begin is None:
                 return []
-            self._open = [self._num_calls, len(begin), 0]
+            self._open = _OpenCall(self._num_calls, len(begin), ObjectEndFinder(len(begin)))
             self._num_calls += 1
-            events.append(ToolCallDelta(self._open[0], self._begins[begin], ""))
-        index, begin_len, emitted = self._open
-        value = tail[begin_len:]
-        end = object_end(value, 0) if value.startswith("{") else None
-        arguments = value[:end] if end is not None else value
-        if len(arguments) > emitted:
-            events.append(ToolCallDelta(index, None, arguments[emitted:]))
-            self._open[2] = len(arguments)
+            events.append(ToolCallDelta(self._open.index, self._begins[begin], ""))
+        call = self._open
+        end = call.arguments_end.find(tail) if tail[call.begin_len:call.begin_len + 1] == "{" else None
+        arguments = tail[call.begin_len:end]
+        if len(arguments) > call.num_emitted:
+            events.append(ToolCallDelta(call.index, None, arguments[call.num_emitted:]))
+            call.num_emitted = len(arguments)
         return events
+
+
+@dataclass
+class _OpenCall:
+    """A forced call being streamed: its index, the length of its opening, where its arguments end, and how many
+    argument characters were sent."""
+
+    index: int
+    begin_len: int
+    arguments_end: ObjectEndFinder
+    num_emitted: int = 0
 
 
 def _merged(events: list[str | ToolCallDelta]) -> list[str | ToolCallDelta]:

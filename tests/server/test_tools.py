@@ -145,6 +145,9 @@ BAD = [
     ({"chat_template_kwargs": {"a b": 1}}, "chat_template_kwargs", "variable"),
     ({"messages": MESSAGES + [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {
         "name": "f", "arguments": "{not json"}}]}]}, "messages.1.tool_calls.0.function.arguments", "JSON"),
+    *[({"messages": MESSAGES + [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function", "function": {
+        "name": "f", "arguments": hostile}}]}]}, "messages.1.tool_calls.0.function.arguments", "JSON")
+      for hostile in ("[" * 100_000, '{"a": ' + "9" * 5000 + "}")],
 ]
 
 

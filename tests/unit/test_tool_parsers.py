@@ -42,6 +42,10 @@ CASES = [
                                                                           '{"city": "Par', []),
     ("llama3_json", '{"name": 3, "parameters": {}} and {"a": 1}', '{"name": 3, "parameters": {}} and {"a": 1}', []),
     ("llama3_json", "no calls here", "no calls here", []),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + '}}</tool_call>',
+     '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + '}}</tool_call>', []),
+    ("llama3_json", '{"name": "f", "parameters": ' + "[" * 5000 + "]" * 5000 + "}",
+     '{"name": "f", "parameters": ' + "[" * 5000 + "]" * 5000 + "}", []),
 ]
 
 
