@@ -57,6 +57,22 @@ def _cmd_structured(args: argparse.Namespace) -> None:
     bench_structured(engine_kwargs(args), args.num_requests, args.num_tokens, args.repeats)
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part)
+
+
+def _cmd_step(args: argparse.Namespace) -> None:
+    from radixlm.bench.step import QUICK_GRID, StepGrid, bench_step
+    from radixlm.cli import engine_kwargs
+
+    prefix_modes = {"none": (False,), "shared": (True,), "both": (False, True)}[args.prefix]
+    if args.quick:
+        grid = StepGrid(QUICK_GRID.batch_sizes, QUICK_GRID.context_lens, prefix_modes, QUICK_GRID.num_steps)
+    else:
+        grid = StepGrid(_int_list(args.batch_sizes), _int_list(args.context_lens), prefix_modes, args.num_steps)
+    bench_step(engine_kwargs(args), grid, args.workload_seed)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -84,6 +100,18 @@ def add_bench_commands(commands: Any) -> None:
     structured.add_argument("--repeats", type=int, default=2)
     add_engine_args(structured)
     structured.set_defaults(handler=_cmd_structured)
+
+    step = kinds.add_parser("step", help="decode-step breakdown (attention, linears, other, sampler, scheduler) "
+                                         "next to the memory bounds")
+    step.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated decode batch sizes")
+    step.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths in tokens")
+    step.add_argument("--prefix", choices=("none", "shared", "both"), default="both",
+                      help="contexts without a shared prefix, with one (all but the last 32 tokens), or both")
+    step.add_argument("--num-steps", type=int, default=5, help="measured decode steps per setting")
+    step.add_argument("--quick", action="store_true", help="batch 1 and 8, context 256, 3 steps")
+    step.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(step)
+    step.set_defaults(handler=_cmd_step)
 
     sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
     sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
