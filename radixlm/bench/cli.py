@@ -37,7 +37,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
     spec = WorkloadSpec(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.prefix_len,
-                        args.workload_seed)
+                        args.workload_seed, args.num_users, args.num_rounds)
     options = BenchOptions(workloads, spec, args.request_rate, args.max_concurrency, args.output_json,
                            args.output_png, extra={"api_key": args.api_key})
     bench_serve(args.base_url, engine_kwargs(args), options)
@@ -129,6 +129,9 @@ def add_bench_commands(commands: Any) -> None:
     serve.add_argument("--input-len", default="64-256", help="random prompts and first chat turns: LOW-HIGH tokens")
     serve.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
     serve.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens shared by 8 questions")
+    serve.add_argument("--num-users", type=int, default=None,
+                       help="multi-turn: conversations (default: --num-prompts / --num-rounds)")
+    serve.add_argument("--num-rounds", type=int, default=4, help="multi-turn: turns per conversation")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="sessions per second (Poisson)")
     serve.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     serve.add_argument("--workload-seed", type=int, default=0)
