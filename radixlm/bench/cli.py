@@ -73,6 +73,13 @@ def _cmd_step(args: argparse.Namespace) -> None:
     bench_step(engine_kwargs(args), grid, args.workload_seed)
 
 
+def _cmd_quality(args: argparse.Namespace) -> None:
+    from radixlm.bench.quality import bench_quality
+    from radixlm.cli import engine_kwargs
+
+    bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
@@ -112,6 +119,14 @@ def add_bench_commands(commands: Any) -> None:
     step.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(step)
     step.set_defaults(handler=_cmd_step)
+
+    quality = kinds.add_parser("quality", help="greedy agreement and text log-likelihood of the engine flags given "
+                                               "against the float32 engine")
+    quality.add_argument("--num-prompts", type=int, default=32, help="chat prompts for greedy agreement")
+    quality.add_argument("--num-tokens", type=int, default=64, help="greedy tokens compared per prompt")
+    quality.add_argument("--window", type=int, default=512, help="tokens per scoring window of the shipped text")
+    add_engine_args(quality)
+    quality.set_defaults(handler=_cmd_quality)
 
     sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
     sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
