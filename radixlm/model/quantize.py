@@ -10,7 +10,12 @@ fbgemm picks one activation scale for the whole input, which would make a token'
 of its batch (and greedy output on batching and chunking). We make it per token: each row is divided by its own
 absolute maximum, and a fixed row holding +1 and -1 is appended so the kernel's range is always exactly [-1, 1];
 the output rows are multiplied back by their maxima. A row's result is then a function of that row alone.
-`reduce_range` keeps activations to 7 bits, as fbgemm needs on CPUs without VNNI (its 16-bit pair sums saturate).
+
+Precision: on CPUs without VNNI fbgemm multiplies uint8 activations by int8 weights in pairs summed into a saturating
+int16, so 8-bit activations times 8-bit weights can overflow (255 * 127 * 2 > 32767); PyTorch's default avoids it
+with 7-bit activations (`reduce_range`). Weights in [-64, 64] with full 8-bit activations cannot overflow
+(255 * 64 * 2 = 32640) and measured much closer to float32 on the default model (mean |log-prob delta| per token
+0.41 against 0.64, argmax agreement 82% against 73%), so that is what we use.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from radixlm.config import QUANTIZATION_METHODS
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
+WEIGHT_LEVELS = 64  # weights in [-64, 64]: see "Precision" above
+REDUCE_RANGE = False
 
 
 class Int8Linear(nn.Module):
@@ -37,7 +44,7 @@ class Int8Linear(nn.Module):
         if self.in_features < 2:  # the range row must hold both +1 and -1
             raise ValueError(f"int8 quantization needs in_features >= 2, got {self.in_features}")
         weight = weight.detach()
-        scales = (weight.abs().amax(dim=1) / 127.0).clamp_min(_TINY).double()
+        scales = (weight.abs().amax(dim=1) / WEIGHT_LEVELS).clamp_min(_TINY).double()
         zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():
             # Quantized tensors are deprecated as a user-facing type; fbgemm's prepack still takes one (torch 2.13).
@@ -58,7 +65,7 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         row_max = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
         normalized = torch.cat((rows / row_max, self.range_row))
-        out = torch.ops.quantized.linear_dynamic(normalized, self._packed, True)[:-1]
+        out = torch.ops.quantized.linear_dynamic(normalized, self._packed, REDUCE_RANGE)[:-1]
         out = out * row_max
         if self.bias is not None:
             out += self.bias
