@@ -71,6 +71,8 @@ def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
 
 
 def bench_step(engine_options: dict, grid: StepGrid, seed: int = 0) -> list[StepRow]:
+    if engine_options.get("num_threads"):
+        torch.set_num_threads(int(engine_options["num_threads"]))  # the engine sets it too: measure alike
     bandwidth = read_bandwidth()
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, torch threads {torch.get_num_threads()}")
     rows = []
