@@ -14,6 +14,7 @@ from typing import Literal
 SchedulePolicy = Literal["fcfs", "priority", "lpm"]
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30}
@@ -47,6 +48,9 @@ class ModelConfig:
     seed: int = field(default=0, metadata=_help("engine seed: makes runs of unseeded requests reproducible"))
     served_model_name: str | None = field(default=None, metadata=_help("model name reported by the API"))
     num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
+    quantization: str | None = field(default=None, metadata=_help(
+        "weight quantization: int8 (every linear, LM head included: int8 per-channel weights, per-token int8 "
+        "activations, PyTorch's fbgemm kernel; needs --dtype float32)"))
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -55,6 +59,12 @@ class ModelConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATION_METHODS:
+                raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, "
+                                 f"got {self.quantization!r}")
+            if self.dtype != "float32":
+                raise ValueError(f"quantization {self.quantization} needs dtype float32, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ class ModelRunner:
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.dtype = getattr(torch, model_config.dtype)
-        self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention())
+        self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
+                                                 model_config.quantization)
         self.shape = ModelShape.from_config(self.model.config)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              self.dtype)
