@@ -77,6 +77,9 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
     """query `[B, Hq, D]` (any float dtype) over caches `[num_slots, Hkv, D]` (float32 or bfloat16) -> `[B, Hq, D]`
     in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
     soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32."""
+    error = extension_error()  # cached: imports the extension on first use
+    if error is not None:
+        raise RuntimeError(f"radixlm._C is not built: {error}")
     out = torch.ops.radixlm.paged_decode_attention(
         query.float(), key_cache, value_cache, tables.block_table, tables.block_offsets, tables.context_lens,
         tables.block_size, scale, sliding_window or 0, softcap or 0.0)
