@@ -82,9 +82,13 @@ struct Problem {
   float scale, softcap;
 };
 
-// Softmax-weights one tile of logits `s[0..n)` of one query head against the running max and sum; returns the
-// factor by which that head's accumulated output must be rescaled.
-inline float online_softmax_tile(float* __restrict s, int64_t n, float& running_max, float& running_sum) {
+// Turns one tile of logits `s[0..n)` of one query head into weights against the running max and sum (soft-capping
+// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max.
+inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& running_max, float& running_sum,
+                         float* __restrict acc, int64_t d) {
+  if (softcap > 0.f) {
+    for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
+  }
   float tile_max = running_max;
 #pragma omp simd reduction(max : tile_max)
   for (int64_t i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
@@ -97,7 +101,24 @@ inline float online_softmax_tile(float* __restrict s, int64_t n, float& running_
   const float correction = exp_nonpositive(running_max - tile_max);
   running_sum = running_sum * correction + tile_sum;
   running_max = tile_max;
-  return correction;
+#pragma omp simd
+  for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
+}
+
+// scores[j, i] = scale * q_j . k_i for the `n` positions of a tile (element offsets `rows[i]` of KV head h0) and
+// the item's query heads j, KV head h0 + j / rep. Rows outer, heads inner: a K row serves its `rep` heads from L1.
+template <typename scalar_t>
+inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows, int64_t n, int64_t num_kv,
+                       int64_t rep, int64_t d, float scale, float* scores) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < num_kv; ++h) {
+      const scalar_t* k = keys + rows[i] + h * d;
+      for (int64_t r = 0; r < rep; ++r) {
+        const int64_t j = h * rep + r;
+        scores[j * kTile + i] = dot(q + j * d, k, d) * scale;
+      }
+    }
+  }
 }
 
 // Attention of request `b`'s query heads that read KV heads [h0, h1), over its context: query head `j` of the item
@@ -133,23 +154,10 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
       const int64_t pos = start + i;
       const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
       offsets[i] = slot * row_stride + h0 * d;
-      for (int64_t h = 0; h < num_kv; ++h) {
-        const scalar_t* k = keys + offsets[i] + h * d;
-        for (int64_t r = 0; r < rep; ++r) {
-          const int64_t j = h * rep + r;
-          scores[j * kTile + i] = dot(q + j * d, k, d) * p.scale;
-        }
-      }
     }
+    score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
     for (int64_t j = 0; j < num_q; ++j) {
-      float* s = scores + j * kTile;
-      if (p.softcap > 0.f) {
-        for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / p.softcap) * p.softcap;
-      }
-      const float correction = online_softmax_tile(s, n, running_max[j], running_sum[j]);
-      float* a = acc + j * d;
-#pragma omp simd
-      for (int64_t e = 0; e < d; ++e) a[e] *= correction;
+      softmax_tile(scores + j * kTile, n, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
     }
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < num_kv; ++h) {
@@ -201,6 +209,25 @@ void dispatch_head_dim(const Problem& p, const at::Tensor& key_cache, const at::
   }
 }
 
+// Every block a request reads must exist: a bad table would read outside the caches. O(blocks), negligible next
+// to the attention itself.
+void check_tables(const at::Tensor& block_table, const at::Tensor& block_offsets, const at::Tensor& context_lens,
+                  int64_t block_size, int64_t num_blocks) {
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int32_t* offsets = block_offsets.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  const int64_t table_len = block_table.size(0);
+  for (int64_t b = 0; b < context_lens.size(0); ++b) {
+    const int64_t needed = (static_cast<int64_t>(lens[b]) + block_size - 1) / block_size;
+    TORCH_CHECK(lens[b] >= 0 && offsets[b] >= 0 && offsets[b] + needed <= table_len, "request ", b,
+                ": its context needs ", needed, " blocks from offset ", offsets[b], " of a table of ", table_len);
+    for (int64_t i = offsets[b]; i < offsets[b] + needed; ++i) {
+      TORCH_CHECK(table[i] >= 0 && table[i] < num_blocks, "block id ", table[i], " outside the cache's ", num_blocks,
+                  " blocks");
+    }
+  }
+}
+
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                   const at::Tensor& block_table, const at::Tensor& block_offsets,
                                   const at::Tensor& context_lens, int64_t block_size, double scale,
@@ -221,6 +248,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   }
   TORCH_CHECK(block_offsets.size(0) == batch && context_lens.size(0) == batch, "one offset and length per row");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
+  check_tables(block_table, block_offsets, context_lens, block_size, key_cache.size(0) / block_size);
   const at::Tensor q = query.contiguous();
   at::Tensor out = at::empty_like(q);
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),

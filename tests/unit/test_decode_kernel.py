@@ -116,6 +116,18 @@ def test_backend_choice():
         resolve_backend("fast")
 
 
+def test_bad_tables_raise_instead_of_reading_out_of_bounds():
+    op = torch.ops.radixlm.paged_decode_attention
+    query, cache = torch.zeros(1, 2, 64), torch.zeros(64, 2, 64)  # 4 blocks of 16
+    one = torch.zeros(1, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        op(query, cache, cache, torch.tensor([4], dtype=torch.int32), one, torch.tensor([3], dtype=torch.int32), 16,
+           0.1, 0, 0.0)
+    with pytest.raises(RuntimeError, match="needs 2 blocks"):
+        op(query, cache, cache, torch.tensor([0], dtype=torch.int32), one, torch.tensor([17], dtype=torch.int32), 16,
+           0.1, 0, 0.0)
+
+
 def test_op_is_opaque_to_torch_compile():
     """The registered fake lets tracing see the output shape without running the kernel."""
     from torch._subclasses.fake_tensor import FakeTensorMode
