@@ -13,7 +13,8 @@ cmdclass = {}
 if os.environ.get("RADIXLM_NO_EXT") != "1":
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    # -march=native: the extension is built on the machine that runs it (AVX2 + FMA here), so use its ISA.
+    # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
+    # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there.
     flags = ["-O3", "-march=native", "-fopenmp"]
     ext_modules = [CppExtension("radixlm._C", ["csrc/paged_attention.cpp"], extra_compile_args=flags,
                                 extra_link_args=["-fopenmp"])]
