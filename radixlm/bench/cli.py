@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 
+def _cmd_attention(args: argparse.Namespace) -> None:
+    from radixlm.bench.attention import bench_attention
+
+    if args.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
+    bench_attention(args.batch_size, [int(n) for n in args.context_lens.split(",") if n], args.repeats,
+                    args.torch_repeats)
+
+
 def _cmd_offline(args: argparse.Namespace) -> None:
     from radixlm.bench.offline import bench_offline
     from radixlm.bench.workload import parse_range
@@ -112,6 +123,14 @@ def add_bench_commands(commands: Any) -> None:
 
     bench = commands.add_parser("bench", help="benchmarks against peers in the same run")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    attention = kinds.add_parser("attention", help="decode attention step: C++ kernel vs torch, vs memory bound")
+    attention.add_argument("--batch-size", type=int, default=64)
+    attention.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths")
+    attention.add_argument("--repeats", type=int, default=5, help="timed steps per C++ case (best is shown)")
+    attention.add_argument("--torch-repeats", type=int, default=2, help="timed steps per torch case")
+    attention.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    attention.set_defaults(handler=_cmd_attention)
+
     offline = kinds.add_parser("offline", help="random workload: radixlm vs HF generate with static batches")
     offline.add_argument("--num-prompts", type=int, default=64)
     offline.add_argument("--input-len", default="64-512", help="prompt length range LOW-HIGH")
