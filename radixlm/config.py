@@ -13,7 +13,10 @@ from typing import Literal
 
 SchedulePolicy = Literal["fcfs", "priority", "lpm"]
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30}
@@ -47,14 +50,27 @@ class ModelConfig:
     seed: int = field(default=0, metadata=_help("engine seed: makes runs of unseeded requests reproducible"))
     served_model_name: str | None = field(default=None, metadata=_help("model name reported by the API"))
     num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
+    quantization: str | None = field(default=None, metadata=_help(
+        "weight quantization: int8 (every linear, LM head included: int8 per-channel weights, per-token int8 "
+        "activations, PyTorch's fbgemm kernel; needs --dtype float32)"))
+    attention_backend: str = field(default="auto", metadata=_help(
+        "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATION_METHODS:
+                raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, "
+                                 f"got {self.quantization!r}")
+            if self.dtype != "float32":
+                raise ValueError(f"quantization {self.quantization} needs dtype float32, got {self.dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -66,8 +82,12 @@ class CacheConfig:
         "exact number of KV blocks (overrides --kv-cache-memory; mostly for tests)"))
     enable_prefix_caching: bool = field(default=True, metadata=_help(
         "reuse the K/V of shared prompt prefixes through the radix tree (--disable-radix-cache turns it off)"))
+    kv_cache_dtype: str = field(default="auto", metadata=_help(
+        "KV cache storage: auto (the model dtype) or bfloat16 (half the bytes of float32; compute stays float32)"))
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         parse_memory(self.kv_cache_memory)

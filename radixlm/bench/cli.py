@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 
+def _cmd_attention(args: argparse.Namespace) -> None:
+    from radixlm.bench.attention import bench_attention
+
+    if args.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
+    bench_attention(args.batch_size, [int(n) for n in args.context_lens.split(",") if n], args.repeats,
+                    args.torch_repeats)
+
+
 def _cmd_offline(args: argparse.Namespace) -> None:
     from radixlm.bench.offline import bench_offline
     from radixlm.bench.workload import parse_range
@@ -37,7 +48,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     if unknown:
         raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
     spec = WorkloadSpec(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.prefix_len,
-                        args.workload_seed)
+                        args.workload_seed, args.num_users, args.num_rounds)
     options = BenchOptions(workloads, spec, args.request_rate, args.max_concurrency, args.output_json,
                            args.output_png, extra={"api_key": args.api_key})
     bench_serve(args.base_url, engine_kwargs(args), options)
@@ -84,11 +95,42 @@ def _cmd_structured(args: argparse.Namespace) -> None:
     bench_structured(engine_kwargs(args), args.num_requests, args.num_tokens, args.repeats)
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(",") if part)
+
+
+def _cmd_step(args: argparse.Namespace) -> None:
+    from radixlm.bench.step import QUICK_GRID, StepGrid, bench_step
+    from radixlm.cli import engine_kwargs
+
+    prefix_modes = {"none": (False,), "shared": (True,), "both": (False, True)}[args.prefix]
+    if args.quick:
+        grid = StepGrid(QUICK_GRID.batch_sizes, QUICK_GRID.context_lens, prefix_modes, QUICK_GRID.num_steps)
+    else:
+        grid = StepGrid(_int_list(args.batch_sizes), _int_list(args.context_lens), prefix_modes, args.num_steps)
+    bench_step(engine_kwargs(args), grid, args.workload_seed)
+
+
+def _cmd_quality(args: argparse.Namespace) -> None:
+    from radixlm.bench.quality import bench_quality
+    from radixlm.cli import engine_kwargs
+
+    bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window)
+
+
 def add_bench_commands(commands: Any) -> None:
     from radixlm.cli import add_engine_args
 
     bench = commands.add_parser("bench", help="benchmarks against peers in the same run")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    attention = kinds.add_parser("attention", help="decode attention step: C++ kernel vs torch, vs memory bound")
+    attention.add_argument("--batch-size", type=int, default=64)
+    attention.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths")
+    attention.add_argument("--repeats", type=int, default=5, help="timed steps per C++ case (best is shown)")
+    attention.add_argument("--torch-repeats", type=int, default=2, help="timed steps per torch case")
+    attention.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    attention.set_defaults(handler=_cmd_attention)
+
     offline = kinds.add_parser("offline", help="random workload: radixlm vs HF generate with static batches")
     offline.add_argument("--num-prompts", type=int, default=64)
     offline.add_argument("--input-len", default="64-512", help="prompt length range LOW-HIGH")
@@ -111,6 +153,26 @@ def add_bench_commands(commands: Any) -> None:
     structured.add_argument("--repeats", type=int, default=2)
     add_engine_args(structured)
     structured.set_defaults(handler=_cmd_structured)
+
+    step = kinds.add_parser("step", help="decode-step breakdown (attention, linears, other, sampler, scheduler) "
+                                         "next to the memory bounds")
+    step.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated decode batch sizes")
+    step.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths in tokens")
+    step.add_argument("--prefix", choices=("none", "shared", "both"), default="both",
+                      help="contexts without a shared prefix, with one (all but the last 32 tokens), or both")
+    step.add_argument("--num-steps", type=int, default=5, help="measured decode steps per setting")
+    step.add_argument("--quick", action="store_true", help="batch 1 and 8, context 256, 3 steps")
+    step.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(step)
+    step.set_defaults(handler=_cmd_step)
+
+    quality = kinds.add_parser("quality", help="greedy agreement and text log-likelihood of the engine flags given "
+                                               "against the float32 engine")
+    quality.add_argument("--num-prompts", type=int, default=32, help="chat prompts for greedy agreement")
+    quality.add_argument("--num-tokens", type=int, default=64, help="greedy tokens compared per prompt")
+    quality.add_argument("--window", type=int, default=512, help="tokens per scoring window of the shipped text")
+    add_engine_args(quality)
+    quality.set_defaults(handler=_cmd_quality)
 
     sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
     sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
@@ -156,6 +218,9 @@ def add_bench_commands(commands: Any) -> None:
     serve.add_argument("--input-len", default="64-256", help="random prompts and first chat turns: LOW-HIGH tokens")
     serve.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
     serve.add_argument("--prefix-len", type=int, default=512, help="shared-prefix: tokens shared by 8 questions")
+    serve.add_argument("--num-users", type=int, default=None,
+                       help="multi-turn: conversations (default: --num-prompts / --num-rounds)")
+    serve.add_argument("--num-rounds", type=int, default=4, help="multi-turn: turns per conversation")
     serve.add_argument("--request-rate", type=float, default=float("inf"), help="sessions per second (Poisson)")
     serve.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
     serve.add_argument("--workload-seed", type=int, default=0)

@@ -69,6 +69,38 @@ class WorkloadResult:
         return result
 
 
+def by_round(result: WorkloadResult) -> list[dict[str, Any]]:
+    """Per turn index (round): requests, TTFT mean and percentiles, and the fraction of prompt tokens cached."""
+    rounds = []
+    for turn in sorted({r.turn for r in result.records}):
+        ok = [r for r in result.ok if r.turn == turn]
+        ttfts = [r.ttft for r in ok if r.ttft is not None]
+        prompt_tokens = sum(r.prompt_tokens for r in ok)
+        row: dict[str, Any] = {"round": turn + 1, "requests": sum(r.turn == turn for r in result.records),
+                               "failed": sum(r.turn == turn for r in result.records) - len(ok),
+                               "ttft_mean": statistics.fmean(ttfts) if ttfts else math.nan,
+                               "cached_fraction": sum(r.cached_tokens for r in ok) / prompt_tokens
+                               if prompt_tokens else 0.0}
+        for p in PERCENTILES:
+            row[f"ttft_p{p}"] = percentile(ttfts, p)
+        rounds.append(row)
+    return rounds
+
+
+def print_rounds(results: list[WorkloadResult]) -> None:
+    """TTFT by round for the workloads whose sessions have more than one turn."""
+    for result in results:
+        rounds = by_round(result)
+        if len(rounds) < 2:
+            continue
+        print(f"\n{result.name}: TTFT by round, ms (p50 / p90 / p99)")
+        print("| round | requests (failed) | cached | TTFT mean | TTFT |\n|---|---|---|---|---|")
+        for row in rounds:
+            ttft = " / ".join(_ms(row[f"ttft_p{p}"]) for p in PERCENTILES)
+            print(f"| {row['round']} | {row['requests']} ({row['failed']}) | {row['cached_fraction']:.0%} "
+                  f"| {_ms(row['ttft_mean'])} | {ttft} |")
+
+
 def _ms(value: float) -> str:
     return f"{value * 1000:.0f}"
 
@@ -87,6 +119,7 @@ def print_table(results: list[WorkloadResult], options: Any) -> None:
         print(f"| {result.name} | {s['requests']} ({s['failed']}) | {s['seconds']:.1f} | {s['request_per_s']:.2f} "
               f"| {s['output_tok_per_s']:.1f} | {s['total_tok_per_s']:.1f} | {s['cached_fraction']:.0%} | {ttft} "
               f"| {itl} | {e2e} |")
+    print_rounds(results)
     for result in results:
         for record in result.records:
             if record.error:
@@ -97,7 +130,8 @@ def print_table(results: list[WorkloadResult], options: Any) -> None:
 def save_json(results: list[WorkloadResult], options: Any, path: str | Path) -> None:
     data = {"options": {"workloads": options.workloads, "spec": asdict(options.spec),
                         "request_rate": str(options.request_rate), "max_concurrency": options.max_concurrency},
-            "results": {r.name: {"summary": r.summary(), "requests": [asdict(x) for x in r.records]}
+            "results": {r.name: {"summary": r.summary(), "by_round": by_round(r),
+                                 "requests": [asdict(x) for x in r.records]}
                         for r in results}}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1, allow_nan=True))

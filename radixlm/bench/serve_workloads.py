@@ -2,8 +2,9 @@
 
 A session is one conversation: its turns run one after another (a turn starts when the previous answer is
 complete); sessions run concurrently. `random` and `shared-prefix` sessions are single completions of token-id
-prompts with exact lengths; `multi-turn` sessions are chats whose history (earlier questions and the model's real
-answers) grows every turn, so the chat template's prefix is shared across turns as it is in real traffic.
+prompts with exact lengths; `multi-turn` sessions (`num_users` of them, `num_rounds` turns each) are chats whose
+history (earlier questions and the model's real answers) grows every turn, so the chat template's prefix is shared
+across turns as it is in real traffic.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from radixlm.bench.workload import non_special_ids, random_requests
 
 WORKLOADS = ("random", "shared-prefix", "multi-turn")
 QUESTIONS_PER_PREFIX = 8
-TURNS_PER_SESSION = 4
+DEFAULT_ROUNDS = 4
 QUESTION_LEN = 32
 
 
@@ -37,6 +38,14 @@ class WorkloadSpec:
     output_len: tuple[int, int]
     prefix_len: int  # shared-prefix: tokens shared by each group of questions
     seed: int
+    num_users: int | None = None  # multi-turn: conversations (default: num_prompts // num_rounds)
+    num_rounds: int = DEFAULT_ROUNDS  # multi-turn: turns per conversation
+
+    def __post_init__(self) -> None:
+        if self.num_users is not None and self.num_users < 1:
+            raise ValueError(f"num_users must be >= 1, got {self.num_users}")
+        if self.num_rounds < 1:
+            raise ValueError(f"num_rounds must be >= 1, got {self.num_rounds}")
 
 
 def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: WorkloadSpec) -> list[Session]:
@@ -61,10 +70,11 @@ def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: Workload
         return sessions
     if name == "multi-turn":
         sessions = []
-        for _ in range(max(1, spec.num_prompts // TURNS_PER_SESSION)):
+        num_users = spec.num_users or max(1, spec.num_prompts // spec.num_rounds)
+        for _ in range(num_users):
             first = tokenizer.decode(tokens(rng.randint(*spec.input_len)))
-            follow_ups = [tokenizer.decode(tokens(QUESTION_LEN)) for _ in range(TURNS_PER_SESSION - 1)]
-            sessions.append(Session([first, *follow_ups], [output_len() for _ in range(TURNS_PER_SESSION)],
+            follow_ups = [tokenizer.decode(tokens(QUESTION_LEN)) for _ in range(spec.num_rounds - 1)]
+            sessions.append(Session([first, *follow_ups], [output_len() for _ in range(spec.num_rounds)],
                                     chat=True))
         return sessions
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -181,8 +181,7 @@ class LLMEngine:
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
                 raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
             for chunk in scheduler_output.chunks:
-                self.output_processor.fail(self.output_processor.group_of(chunk.request_id), error,
-                                           "the forward pass", failed)
+                self.output_processor.fail_sequence(chunk.request_id, error, "the forward pass", failed)
             self.check_invariants()
             return None
         self._num_failed_forwards = 0
@@ -202,7 +201,7 @@ class LLMEngine:
         rows = parents + children
         sampled, errors = sample_isolated(self.sampler, logits, rows, self.grammars.mask_function)
         for row, error in errors.items():
-            self.output_processor.fail(self.output_processor.group_of(rows[row].request_id), error, "sampling", failed)
+            self.output_processor.fail_sequence(rows[row].request_id, error, "sampling", failed)
         updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
         updated += self._start_children(children, sampled.token_ids[len(parents):])
         token_logprobs = {r.request_id: lp for r, lp in zip(rows, sampled.logprobs, strict=True)}

@@ -42,6 +42,11 @@ class OutputProcessor:
         """The group of a live scheduler request (sequence)."""
         return self.sequences[request_id][0]
 
+    def fail_sequence(self, request_id: str, error: BaseException, phase: str, failed: list[RequestOutput]) -> None:
+        """`fail` the group of a scheduler request (sequence), unless it already ended (a sibling failed first)."""
+        if request_id in self.sequences:
+            self.fail(self.group_of(request_id), error, phase, failed)
+
     def add(self, group: SequenceGroup) -> None:
         self.groups[group.request_id] = group
         for sequence in group.sequences:

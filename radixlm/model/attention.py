@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from radixlm.model.decode_kernel import paged_decode_attention
 from radixlm.model.input_batch import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Avoid "sdpa", "flash", "flex" and "paged|" in the name: transformers gives those names special treatment.
@@ -36,18 +37,37 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     key_cache = radix_attn.kv_cache.key_caches[layer]
     value_cache = radix_attn.kv_cache.value_caches[layer]
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
-    key_cache.index_copy_(0, radix_attn.slot_mapping, new_keys)
-    value_cache.index_copy_(0, radix_attn.slot_mapping, new_values)
+    key_cache.index_copy_(0, radix_attn.slot_mapping, new_keys.to(key_cache.dtype))
+    value_cache.index_copy_(0, radix_attn.slot_mapping, new_values.to(value_cache.dtype))
 
     queries = query[0]  # [Hq, T, D]
     output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
-    if radix_attn.decode is not None:
+    if radix_attn.decode is not None and radix_attn.decode.tables is not None:
+        _attend_decodes_kernel(queries, key_cache, value_cache, radix_attn.decode, output, scaling, sliding_window,
+                               softcap)
+    elif radix_attn.decode is not None:
         _attend_decodes(queries, key_cache, value_cache, radix_attn.decode, output, scaling, sliding_window,
                         softcap)
     for segment in radix_attn.prefills:
         _attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scaling,
                         sliding_window, softcap)
     return output[None], None
+
+
+def _attend_decodes_kernel(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           group: DecodeGroup, output: torch.Tensor, scaling: float | None,
+                           sliding_window: int | None, softcap: float | None) -> None:
+    """All decodes in one C++ call that reads their blocks in place."""
+    assert group.tables is not None
+    batch = len(group.context_lens)
+    rows = queries.transpose(0, 1)  # [T, Hq, D]
+    q = rows[:batch] if group.rows_are_prefix else rows.index_select(0, group.query_rows)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    out = paged_decode_attention(q, key_cache, value_cache, group.tables, scale, sliding_window, softcap)
+    if group.rows_are_prefix:
+        output[:batch] = out
+    else:
+        output[group.query_rows] = out
 
 
 def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -63,8 +83,8 @@ def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache:
     q = q.transpose(0, 1).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     outs = []
     for index, where in enumerate(group.all_slots(sliding_window)):
-        keys = _read(key_cache, where).transpose(0, 1)[None]  # [1, Hkv, L, D]
-        values = _read(value_cache, where).transpose(0, 1)[None]
+        keys = _read(key_cache, where, q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
+        values = _read(value_cache, where, q.dtype).transpose(0, 1)[None]
         outs.append(_attention(q[index:index + 1], keys, values, None, scaling, softcap, causal=False))
     out = torch.cat(outs).reshape(batch, num_heads, head_dim)
     if group.rows_are_prefix:
@@ -81,7 +101,8 @@ def _attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: t
     if segment.context_slots is None:  # the chunk is the whole context: use the fresh K/V directly
         keys, values = new_keys[rows], new_values[rows]
     else:
-        keys, values = _read(key_cache, segment.context_slots), _read(value_cache, segment.context_slots)
+        keys = _read(key_cache, segment.context_slots, queries.dtype)
+        values = _read(value_cache, segment.context_slots, queries.dtype)
     q = queries[:, rows][None]  # [1, Hq, q, D]
     mask = segment.mask(sliding_window)
     out = _attention(q, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask, scaling, softcap,
@@ -89,9 +110,10 @@ def _attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: t
     output[rows] = out[0].transpose(0, 1)
 
 
-def _read(cache: torch.Tensor, where: torch.Tensor | slice) -> torch.Tensor:
-    """The cache rows of a context: a view for a contiguous run of slots, a gather otherwise."""
-    return cache[where] if isinstance(where, slice) else cache.index_select(0, where)
+def _read(cache: torch.Tensor, where: torch.Tensor | slice, dtype: torch.dtype) -> torch.Tensor:
+    """The cache rows of a context in `dtype`: a view for a contiguous run of slots of that dtype, else a copy."""
+    rows = cache[where] if isinstance(where, slice) else cache.index_select(0, where)
+    return rows.to(dtype)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -18,6 +18,7 @@ import torch
 
 from radixlm.core.block_pool import cdiv
 from radixlm.core.outputs import SchedulerOutput
+from radixlm.model.decode_kernel import DecodeTables
 from radixlm.model.kv_cache import PagedKVCache
 
 
@@ -29,6 +30,7 @@ class DecodeGroup:
     context_lens: list[int]      # [B]
     contexts: list[slice | torch.Tensor]  # [B] slots of positions 0..L-1: a slice when they are one run
     rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
+    tables: DecodeTables | None = None  # the C++ kernel's block tables (only when that backend runs)
     _windowed: dict[int | None, list[slice | torch.Tensor]] = field(default_factory=dict)
 
     def slots(self, index: int, sliding_window: int | None) -> torch.Tensor | slice:
@@ -99,9 +101,11 @@ class InputBatch:
 
     @classmethod
     def build(cls, output: SchedulerOutput, kv_cache: PagedKVCache,
-              extra_logits_positions: Mapping[str, tuple[int, int]] | None = None) -> InputBatch:
+              extra_logits_positions: Mapping[str, tuple[int, int]] | None = None,
+              decode_kernel: bool = False) -> InputBatch:
         """`extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
-        `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs)."""
+        `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: also
+        build the block tables of the C++ decode kernel."""
         block_size = kv_cache.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -112,6 +116,7 @@ class InputBatch:
         decode_rows: list[int] = []
         decode_lens: list[int] = []
         decode_contexts: list[slice | torch.Tensor] = []
+        decode_tables: list[list[int]] = []
         prefills: list[PrefillSegment] = []
         for chunk in output.chunks:
             chunk_row = len(token_ids)
@@ -125,6 +130,7 @@ class InputBatch:
                 decode_rows.append(chunk_row)
                 decode_lens.append(context_len)
                 decode_contexts.append(context)
+                decode_tables.append(chunk.block_table)
             else:
                 prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
                                                context_slots=context if start > 0 else None, context_len=context_len))
@@ -136,7 +142,9 @@ class InputBatch:
                 extra_rows[chunk.request_id] = slice(len(extra_logits_rows), len(extra_logits_rows) + end - first)
                 extra_logits_rows.extend(range(chunk_row + first - start, chunk_row + end - start))
         decode = DecodeGroup(query_rows=torch.tensor(decode_rows), context_lens=decode_lens, contexts=decode_contexts,
-                             rows_are_prefix=decode_rows == list(range(len(decode_rows)))) if decode_rows else None
+                             rows_are_prefix=decode_rows == list(range(len(decode_rows))),
+                             tables=DecodeTables.build(decode_tables, decode_lens, block_size) if decode_kernel
+                             else None) if decode_rows else None
         metadata = AttentionMetadata(kv_cache=kv_cache, slot_mapping=torch.tensor(slots, dtype=torch.long),
                                      decode=decode, prefills=prefills)
         position_tensor = torch.tensor(positions, dtype=torch.long)

@@ -41,9 +41,11 @@ class PagedKVCache:
         self.block_size = block_size
         num_slots = num_blocks * block_size
         shape = (num_slots, num_kv_heads, head_dim)
-        # torch.empty commits memory lazily, as blocks are first written; attention only reads written slots.
-        self.key_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.value_caches = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Zeroed, so the whole budget is committed now: the server's memory is what the log says from the start
+        # (torch.empty would commit pages as blocks are first written, so RSS would creep up for hours and look
+        # like a leak), and no page fault lands on a serving step.
+        self.key_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.value_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         bytes_total = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype) * num_slots
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%d bytes per token)",
                     num_blocks, block_size, num_slots, bytes_total / 2**20, bytes_total // num_slots)

@@ -20,6 +20,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
+from radixlm.model.fused_ops import fuse_small_ops
+from radixlm.model.quantize import quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +102,11 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str) -> PreTrainedModel:
-    """Load a decoder-only causal LM with our attention function; refuse models that would bypass it."""
+def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
+               quantization: str | None = None) -> PreTrainedModel:
+    """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
+    (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
+    refuse models that would bypass our attention."""
     config = AutoConfig.from_pretrained(model_dir)
     hf_logging.disable_progress_bar()
     try:
@@ -112,4 +117,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str) ->
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
+    num_fused = fuse_small_ops(model)
+    logger.debug("fused %d norm, MLP and attention modules", num_fused)
+    if quantization is not None:
+        num_linears = quantize_model(model, quantization)
+        logger.info("quantized %d linear layers to %s", num_linears, quantization)
     return model.eval()

@@ -13,6 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.outputs import SchedulerOutput
 from radixlm.model.attention import register_paged_attention
+from radixlm.model.decode_kernel import resolve_backend
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
@@ -57,14 +58,17 @@ class ModelRunner:
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.dtype = getattr(torch, model_config.dtype)
-        self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention())
+        self.attention_backend = resolve_backend(model_config.attention_backend)
+        kv_dtype = self.dtype if cache_config.kv_cache_dtype == "auto" else getattr(torch, cache_config.kv_cache_dtype)
+        self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
+                                                 model_config.quantization)
         self.shape = ModelShape.from_config(self.model.config)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
-                                             self.dtype)
+                                             kv_dtype)
         num_blocks = cache_config.num_kv_blocks or num_blocks_for_budget(
             cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size)
         self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
-                                     self.shape.num_kv_heads, self.shape.head_dim, self.dtype)
+                                     self.shape.num_kv_heads, self.shape.head_dim, kv_dtype)
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput,
@@ -73,7 +77,8 @@ class ModelRunner:
         for (`prompt_logits_positions[request_id] = (first, end)`, within that request's chunk)."""
         if output.block_copies:
             self.kv_cache.copy_blocks(output.block_copies)
-        batch = InputBatch.build(output, self.kv_cache, prompt_logits_positions)
+        batch = InputBatch.build(output, self.kv_cache, prompt_logits_positions,
+                                 decode_kernel=self.attention_backend == "cpp")
         result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                             logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
         logits = result.logits[0].float()

@@ -160,3 +160,13 @@ def test_on_finish_runs_once_in_every_terminal_state_and_a_raising_one_harms_not
     assert all(metadata == {"user": request_id} or request_id == "aborted" for request_id, metadata, _ in calls)
     assert finished["a"].output.metadata == {"user": "a"}
     assert_others_unchanged(finished, baseline)
+
+
+def test_a_request_whose_sequences_all_fail_to_sample_ends_once(model, baseline, monkeypatch):
+    adjust = Sampler._adjust_logits
+    monkeypatch.setattr(Sampler, "_adjust_logits", lambda self, logits, batch, requests, *args: (
+        (_ for _ in ()).throw(ValueError("injected")) if any(r.request_id.startswith("c") for r in requests)
+        else adjust(self, logits, batch, requests, *args)))
+    finished = run(build_engine(model=model, **ENGINE), REQUESTS)  # c has n=2: both rows fail in one step
+    assert_failed(finished, "c", "sampling failed: ValueError: injected")
+    assert_others_unchanged(finished, baseline, failed=("c",))

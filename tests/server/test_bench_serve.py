@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from radixlm.bench.serve import BenchOptions, bench_serve
+from radixlm.bench.serve_report import by_round
 from radixlm.bench.serve_workloads import WORKLOADS, WorkloadSpec
 
 
@@ -28,3 +31,22 @@ def test_bench_serve_against_a_running_server(tiny_server, tiny_model_dir, tmp_p
     saved = json.loads((tmp_path / "serve.json").read_text())
     assert set(saved["results"]) == set(WORKLOADS)
     assert (tmp_path / "serve.png").stat().st_size > 10_000
+
+
+def test_multi_turn_users_and_rounds_report_ttft_by_round(tiny_server, tiny_model_dir, capsys):
+    spec = WorkloadSpec(num_prompts=1, input_len=(16, 32), output_len=(2, 4), prefix_len=64, seed=0, num_users=3,
+                        num_rounds=5)
+    options = BenchOptions(["multi-turn"], spec, max_concurrency=3)
+    [result] = bench_serve(tiny_server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
+    assert len(result.records) == 15 and result.summary()["failed"] == 0
+    rounds = by_round(result)
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5] and all(r["requests"] == 3 for r in rounds)
+    assert rounds[-1]["cached_fraction"] > 0.3  # the conversation so far is cached
+    assert "multi-turn: TTFT by round" in capsys.readouterr().out
+
+
+def test_workload_spec_checks_users_and_rounds():
+    with pytest.raises(ValueError, match="num_rounds"):
+        WorkloadSpec(8, (1, 2), (1, 2), 4, 0, num_rounds=0)
+    with pytest.raises(ValueError, match="num_users"):
+        WorkloadSpec(8, (1, 2), (1, 2), 4, 0, num_users=0)

@@ -1,0 +1,105 @@
+"""`radixlm bench attention`: one decode step's attention (all layers), C++ kernel vs torch path, next to the
+memory bound (K/V bytes the step reads / the read bandwidth of a large `tensor.sum()` measured in the same run).
+
+Synthetic caches of a given model shape (default SmolLM2-135M: 30 layers, 9 query heads, 3 KV heads, D=64); each
+request's context is its own run of blocks, or, with a shared prefix, every request starts with the same blocks
+(as the radix cache shares them) followed by its own. Layers cycle over a few distinct caches, enough to exceed the
+CPU caches, so every layer reads from memory as in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.model.attention import paged_attention
+from radixlm.model.input_batch import AttentionMetadata, InputBatch
+from radixlm.model.kv_cache import PagedKVCache
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    block_size: int = 16
+    distinct_layers: int = 4  # caches actually allocated; layer i reads cache i % distinct_layers
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+
+
+def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second of `tensor.sum()` over a tensor far larger than the CPU caches (best of `repeats`)."""
+    data = torch.ones(num_bytes // 4)
+    best = min(_timed(data.sum) for _ in range(repeats))
+    return num_bytes / best
+
+
+def _timed(fn: object) -> float:
+    start = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def _step_metadata(shape: AttentionShape, batch: int, context_len: int, shared_prefix: int, kv_dtype: torch.dtype,
+                   kernel: bool) -> tuple[PagedKVCache, AttentionMetadata]:
+    """Caches filled with random K/V and one decode step's metadata: `batch` requests of `context_len` tokens whose
+    first `shared_prefix` tokens (whole blocks) live in the same blocks."""
+    bs = shape.block_size
+    shared_blocks = shared_prefix // bs
+    own_blocks = -(-context_len // bs) - shared_blocks
+    num_blocks = shared_blocks + batch * own_blocks
+    cache = PagedKVCache(shape.distinct_layers, num_blocks, bs, shape.num_kv_heads, shape.head_dim, kv_dtype)
+    for tensor in (*cache.key_caches, *cache.value_caches):
+        tensor.copy_(torch.randn(tensor.shape))
+    shared = list(range(shared_blocks))
+    chunks = []
+    for b in range(batch):
+        first = shared_blocks + b * own_blocks
+        chunks.append(ScheduledChunk(f"r{b}", [1], context_len - 1, shared + list(range(first, first + own_blocks)),
+                                     samples=True))
+    return cache, InputBatch.build(SchedulerOutput(chunks=chunks), cache, decode_kernel=kernel).attn_metadata
+
+
+def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared_prefix: int, kv_dtype: torch.dtype,
+                     kernel: bool, repeats: int) -> float:
+    """Best wall time of one decode step's attention over `shape.num_layers` layers, in seconds."""
+    _, metadata = _step_metadata(shape, batch, context_len, shared_prefix, kv_dtype, kernel)
+    query = torch.randn(1, shape.num_heads, batch, shape.head_dim)
+    key, value = torch.randn(2, 1, shape.num_kv_heads, batch, shape.head_dim)
+    layers = [_Layer(i % shape.distinct_layers) for i in range(shape.num_layers)]
+
+    def step() -> None:
+        for layer in layers:
+            paged_attention(layer, query, key, value, None, scaling=shape.head_dim ** -0.5, radix_attn=metadata)
+
+    with torch.inference_mode():
+        step()  # warm-up: first touch of the pages, thread pool start
+        return min(_timed(step) for _ in range(repeats))
+
+
+def bench_attention(batch: int, context_lens: list[int], repeats: int, torch_repeats: int) -> None:
+    shape = AttentionShape()
+    bandwidth = read_bandwidth()
+    print(f"read bandwidth ({torch.get_num_threads()} threads): {bandwidth / 1e9:.1f} GB/s; B={batch}, "
+          f"{shape.num_layers} layers, Hq={shape.num_heads}, Hkv={shape.num_kv_heads}, D={shape.head_dim}")
+    print(f"{'context':>7} {'shared':>6} {'backend':>7} {'kv':>8} {'ms/step':>8} {'MB read':>8} {'bound ms':>8} "
+          f"{'x bound':>7}")
+    for context_len in context_lens:
+        for shared_prefix in (0, context_len // 2 // shape.block_size * shape.block_size):
+            for backend, kv_dtype in (("torch", torch.float32), ("cpp", torch.float32), ("cpp", torch.bfloat16)):
+                seconds = time_decode_step(shape, batch, context_len, shared_prefix, kv_dtype, backend == "cpp",
+                                           repeats if backend == "cpp" else torch_repeats)
+                num_bytes = (2 * shape.num_layers * batch * context_len * shape.num_kv_heads * shape.head_dim
+                             * kv_dtype.itemsize)
+                bound = num_bytes / bandwidth
+                print(f"{context_len:>7} {shared_prefix:>6} {backend:>7} {str(kv_dtype)[6:]:>8} "
+                      f"{seconds * 1e3:>8.1f} {num_bytes / 1e6:>8.0f} {bound * 1e3:>8.1f} {seconds / bound:>7.2f}")

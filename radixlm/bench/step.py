@@ -1,0 +1,167 @@
+"""`radixlm bench step`: where a decode step's time goes, next to the memory bounds of its two big parts.
+
+For each context length and prefix mode, `max(batch_sizes)` requests are brought to decode; each batch size is then
+measured (largest first, aborting requests down to it) over a few decode steps. Columns, in ms per step:
+attention (the registered attention function, whatever backend), linears (every linear layer), other (the rest of
+the model forward: norms, rotary, activations, copies, Python), prep (the runner outside the forward: input batch,
+logits), sampler, scheduler (schedule + update), engine (the rest of `engine.step`: detokenizing, outputs).
+
+Bounds: attention's is the K/V bytes the decode rows read (every request's whole context, shared blocks counted
+per request) over the read bandwidth measured here; the linears' is their weight bytes over the same bandwidth.
+
+Contexts are prefilled through the first decoder layer only, and its K/V are copied into the other layers: a decode
+step's cost depends on shapes, not on the values, and this makes the full grid's prefill about 30x cheaper.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.bench.step_probe import StepProbe, weight_bytes
+from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.model.kv_cache import kv_bytes_per_token
+from radixlm.sampling_params import SamplingParams
+
+QUESTION_LEN = 32  # with a shared prefix, each request's own tokens after it
+WARMUP_STEPS = 2
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    context_lens: tuple[int, ...] = (256, 1024)
+    shared_prefix: tuple[bool, ...] = (False, True)
+    num_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
+        if not self.context_lens or min(self.context_lens) <= QUESTION_LEN:
+            raise ValueError(f"context lengths must be > {QUESTION_LEN}, got {self.context_lens}")
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+
+
+QUICK_GRID = StepGrid(batch_sizes=(1, 8), context_lens=(256,), num_steps=3)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    batch_size: int
+    context_len: int
+    shared_prefix: bool
+    ms: dict[str, float]  # per decode step
+    attention_bound_ms: float
+    linears_bound_ms: float
+
+
+def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second that a float32 reduction reads from memory (best of `repeats`; far larger than caches)."""
+    data = torch.ones(num_bytes // 4)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return num_bytes / best
+
+
+def bench_step(engine_options: dict, grid: StepGrid, seed: int = 0) -> list[StepRow]:
+    if engine_options.get("num_threads"):
+        torch.set_num_threads(int(engine_options["num_threads"]))  # the engine sets it too: measure alike
+    bandwidth = read_bandwidth()
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, torch threads {torch.get_num_threads()}")
+    rows = []
+    for context_len in grid.context_lens:
+        for shared in grid.shared_prefix:
+            rows += _bench_setting(engine_options, grid, context_len, shared, bandwidth, seed)
+            print_rows(rows[-len(grid.batch_sizes):])
+    print("\nall settings:")
+    print_rows(rows)
+    return rows
+
+
+def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, shared: bool, bandwidth: float,
+                   seed: int) -> list[StepRow]:
+    max_batch = max(grid.batch_sizes)
+    options = {"max_num_seqs": max_batch, "enable_prefix_caching": shared, **engine_options}
+    if "num_kv_blocks" not in engine_options and "kv_cache_memory" not in engine_options:
+        block_size = int(options.get("block_size", 16))  # type: ignore[call-overload]
+        tokens = context_len + WARMUP_STEPS + grid.num_steps * len(grid.batch_sizes) + 2
+        options["num_kv_blocks"] = max_batch * math.ceil(tokens / block_size) + 4
+    engine = build_engine(**options)
+    _prefill(engine, max_batch, context_len, shared, seed)
+    probe = StepProbe(engine)
+    rows = []
+    try:
+        for batch_size in sorted(grid.batch_sizes, reverse=True):
+            _abort_down_to(engine, batch_size)
+            for _ in range(WARMUP_STEPS):
+                engine.step()
+            kv_bytes = _kv_bytes_per_step(engine)
+            probe.reset()
+            for _ in range(grid.num_steps):
+                probe.step()
+            ms = {part: 1e3 * seconds / grid.num_steps for part, seconds in probe.totals.items()}
+            rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / bandwidth,
+                                1e3 * weight_bytes(engine.runner.model) / bandwidth))
+    finally:
+        probe.close()
+    return sorted(rows, key=lambda r: r.batch_size)
+
+
+def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: bool, seed: int) -> None:
+    """Bring `num_requests` requests of `context_len` tokens to decode, computing K/V through layer 0 only."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = engine.runner.shape.vocab_size
+    low, high = min(100, vocab // 4), max(vocab - 100, vocab // 2)
+    prefix = torch.randint(low, high, (context_len - QUESTION_LEN,), generator=generator).tolist()
+    params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)
+    for index in range(num_requests):
+        own_len = QUESTION_LEN if shared else context_len
+        own = torch.randint(low, high, (own_len,), generator=generator).tolist()
+        engine.add_request(f"step-{index}", (prefix + own) if shared else own, params)
+    decoder = engine.runner.model.get_decoder()
+    layers = decoder.layers
+    decoder.layers = layers[:1]
+    try:
+        while any(r.num_uncomputed_tokens != 1 or not r.num_output_tokens
+                  for r in engine.scheduler.requests.values()):
+            engine.step()
+    finally:
+        decoder.layers = layers
+    cache = engine.runner.kv_cache
+    for caches in (cache.key_caches, cache.value_caches):
+        for layer_cache in caches[1:]:
+            layer_cache.copy_(caches[0])
+
+
+def _abort_down_to(engine: LLMEngine, batch_size: int) -> None:
+    live = sorted(engine.scheduler.requests, key=lambda rid: int(rid.rpartition("-")[2]))
+    for request_id in live[batch_size:]:
+        engine.abort_request(request_id)
+
+
+def _kv_bytes_per_step(engine: LLMEngine) -> int:
+    shape = engine.runner.shape
+    dtype = engine.runner.kv_cache.key_caches[0].dtype
+    per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
+    return per_token * sum(r.num_computed_tokens + 1 for r in engine.scheduler.requests.values())
+
+
+def print_rows(rows: list[StepRow]) -> None:
+    print("| batch | context | prefix | step ms | attention (bound) | linears (bound) | other | prep | sampler "
+          "| scheduler | engine |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        ms = row.ms
+        other = ms.get("forward", 0.0) - ms.get("attention", 0.0) - ms.get("linears", 0.0)
+        prep = ms.get("execute", 0.0) - ms.get("forward", 0.0)
+        engine = ms.get("step", 0.0) - ms.get("execute", 0.0) - ms.get("sampler", 0.0) - ms.get("scheduler", 0.0)
+        print(f"| {row.batch_size} | {row.context_len} | {'shared' if row.shared_prefix else 'none'} "
+              f"| {ms.get('step', 0.0):.1f} | {ms.get('attention', 0.0):.1f} ({row.attention_bound_ms:.1f}) "
+              f"| {ms.get('linears', 0.0):.1f} ({row.linears_bound_ms:.1f}) | {other:.1f} | {prep:.1f} "
+              f"| {ms.get('sampler', 0.0):.1f} | {ms.get('scheduler', 0.0):.1f} | {engine:.1f} |")

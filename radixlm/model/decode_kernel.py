@@ -1,0 +1,86 @@
+"""The C++ paged decode attention op (`radixlm._C`, built from csrc/) and the choice of attention backend.
+
+`torch.ops.radixlm.paged_decode_attention` attends every decoding request in one call per layer, reading K/V
+blocks in place through a flat block table. It is a registered custom op, so `torch.compile` treats it as opaque.
+The pure-torch path in `attention.py` stays the reference and the fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from radixlm.config import ATTENTION_BACKENDS
+
+logger = logging.getLogger(__name__)
+
+
+@cache
+def extension_error() -> str | None:
+    """None when the extension imports (its op is then registered), else why it does not."""
+    try:
+        import radixlm._C  # noqa: F401  (importing registers torch.ops.radixlm.*)
+    except ImportError as error:
+        return str(error)
+    torch.library.register_fake("radixlm::paged_decode_attention")(_fake_decode_attention)
+    return None
+
+
+def _fake_decode_attention(query: torch.Tensor, *args: object) -> torch.Tensor:
+    return query.new_empty(query.shape)
+
+
+def resolve_backend(requested: str) -> str:
+    """"cpp" or "torch" for `--attention-backend`: auto takes cpp when the extension imports, else torch with a
+    warning; an explicit "cpp" without the extension is a ValueError."""
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {requested!r}")
+    if requested == "torch":
+        return "torch"
+    error = extension_error()
+    if error is None:
+        return "cpp"
+    if requested == "cpp":
+        raise ValueError(f"attention_backend 'cpp' needs the radixlm._C extension (scripts/install.sh): {error}")
+    logger.warning("radixlm._C is not built (%s); using the torch attention path", error)
+    return "torch"
+
+
+@dataclass
+class DecodeTables:
+    """Per-step inputs of the kernel, built once per step: request b's blocks are
+    `block_table[block_offsets[b]:]`, its context `context_lens[b]` positions (all int32)."""
+
+    block_table: torch.Tensor
+    block_offsets: torch.Tensor
+    context_lens: torch.Tensor
+    block_size: int
+
+    @classmethod
+    def build(cls, block_tables: list[list[int]], context_lens: list[int], block_size: int) -> DecodeTables:
+        """`block_tables[b]` must hold at least the blocks of `context_lens[b]` positions."""
+        flat: list[int] = []
+        offsets: list[int] = []
+        for table, length in zip(block_tables, context_lens, strict=True):
+            offsets.append(len(flat))
+            flat.extend(table[:-(-length // block_size)])
+        return cls(torch.tensor(flat, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int32),
+                   torch.tensor(context_lens, dtype=torch.int32), block_size)
+
+
+def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           tables: DecodeTables, scale: float, sliding_window: int | None,
+                           softcap: float | None) -> torch.Tensor:
+    """query `[B, Hq, D]` (any float dtype) over caches `[num_slots, Hkv, D]` (float32 or bfloat16) -> `[B, Hq, D]`
+    in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
+    soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32."""
+    error = extension_error()  # cached: imports the extension on first use
+    if error is not None:
+        raise RuntimeError(f"radixlm._C is not built: {error}")
+    out = torch.ops.radixlm.paged_decode_attention(
+        query.float(), key_cache, value_cache, tables.block_table, tables.block_offsets, tables.context_lens,
+        tables.block_size, scale, sliding_window or 0, softcap or 0.0)
+    return out.to(query.dtype)

@@ -1,0 +1,118 @@
+"""Fewer, fused small ops in the decoder layers of Llama-family models (Llama, Mistral, Qwen2, Qwen3's norms and MLP).
+
+A decode step at batch 1 runs about fifty small ops per layer, each paying framework overhead. Applied at load time
+(before any quantization), this replaces, for the module classes it knows:
+
+- RMSNorm: one `F.rms_norm` call instead of seven ops (bitwise equal in float32);
+- MLP: gate and up projections as one matmul (one weight `[2I, H]`), `silu(gate) * up`, down projection;
+- attention (Llama, Mistral, Qwen2): q, k and v as one matmul, and rotary embedding applied to q and k together
+  with a roll instead of slicing, negating and concatenating (the same products and sums as transformers').
+
+Other classes keep transformers' code. Attention still goes through the function registered with transformers.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
+MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
+# attention class -> its sliding window (transformers passes it to the attention function as a keyword)
+ATTENTION_CLASSES: dict[str, Callable[[nn.Module], int | None]] = {
+    "LlamaAttention": lambda module: None,
+    "MistralAttention": lambda module: getattr(module.config, "sliding_window", None),
+    "Qwen2Attention": lambda module: module.sliding_window,
+}
+
+
+class FusedRMSNorm(nn.Module):
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class FusedGatedMLP(nn.Module):
+    """`down(silu(gate(x)) * up(x))` with gate and up as one linear layer."""
+
+    def __init__(self, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> None:
+        super().__init__()
+        self.gate_up_proj = _concat_linears(gate, up)
+        self.down_proj = down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _concat_linears(*linears: nn.Linear) -> nn.Linear:
+    first = linears[0]
+    has_bias = first.bias is not None
+    fused = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=has_bias,
+                      dtype=first.weight.dtype, device=first.weight.device)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        if has_bias:
+            fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
+    return fused.requires_grad_(False)
+
+
+def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
+                             position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                             attention_mask: torch.Tensor | None = None, past_key_values: object = None,
+                             **kwargs: object) -> tuple[torch.Tensor, None]:
+    if past_key_values is not None:
+        raise RuntimeError("fused attention keeps no transformers cache: call the model with use_cache=False")
+    kwargs.pop("position_ids", None)
+    kwargs.pop("use_cache", None)
+    lead = hidden_states.shape[:-1]
+    head_dim, num_heads, num_kv_heads = self.head_dim, self.num_heads, self.num_kv_heads
+    qkv = self.qkv_proj(hidden_states).view(*lead, -1, head_dim).transpose(-3, -2)  # [B, Hq + 2 Hkv, T, D]
+    query_key = qkv[:, :num_heads + num_kv_heads]
+    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+    half = head_dim // 2
+    rotated = query_key.roll(half, dims=-1) * sin  # rotate_half(x) * sin, but with the first half not yet negated
+    rotated[..., :half].neg_()
+    query_key = query_key * cos + rotated
+    attention = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+    output, _ = attention(self, query_key[:, :num_heads], query_key[:, num_heads:], qkv[:, num_heads + num_kv_heads:],
+                          attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.fused_window,
+                          **kwargs)
+    return self.o_proj(output.reshape(*lead, -1)), None
+
+
+def _fuse_attention(module: nn.Module, sliding_window: int | None) -> None:
+    module.qkv_proj = _concat_linears(module.q_proj, module.k_proj, module.v_proj)
+    module.num_heads = module.q_proj.out_features // module.head_dim
+    module.num_kv_heads = module.k_proj.out_features // module.head_dim
+    module.fused_window = sliding_window
+    del module.q_proj, module.k_proj, module.v_proj
+    module.forward = types.MethodType(_fused_attention_forward, module)
+
+
+def fuse_small_ops(model: nn.Module) -> int:
+    """Replace the norms, MLPs and attention blocks `model` has fused versions of, in place; returns how many."""
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        kind = type(module).__name__
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if kind in NORM_CLASSES:
+            setattr(parent, child, FusedRMSNorm(module.weight, module.variance_epsilon))
+        elif kind in MLP_CLASSES and getattr(getattr(module, "config", None), "hidden_act", None) == "silu":
+            setattr(parent, child, FusedGatedMLP(module.gate_proj, module.up_proj, module.down_proj))
+        elif kind in ATTENTION_CLASSES and module.head_dim % 2 == 0:
+            _fuse_attention(module, ATTENTION_CLASSES[kind](module))
+        else:
+            continue
+        replaced += 1
+    return replaced

@@ -1,0 +1,23 @@
+"""Builds radixlm._C, the C++ paged attention op; everything else about the package lives in pyproject.toml.
+
+Build with the venv's torch visible: `pip install --no-build-isolation --no-deps -e .` (scripts/install.sh), or
+`python setup.py build_ext --inplace` in a checkout. RADIXLM_NO_EXT=1 skips it (the torch attention path remains).
+"""
+
+import os
+
+from setuptools import setup
+
+ext_modules = []
+cmdclass = {}
+if os.environ.get("RADIXLM_NO_EXT") != "1":
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
+    # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there.
+    flags = ["-O3", "-march=native", "-fopenmp"]
+    ext_modules = [CppExtension("radixlm._C", ["csrc/paged_attention.cpp"], extra_compile_args=flags,
+                                extra_link_args=["-fopenmp"])]
+    cmdclass = {"build_ext": BuildExtension}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,26 @@
+"""`radixlm bench step` and `radixlm bench quality` run end to end on a tiny model."""
+
+from radixlm.bench.quality import bench_quality
+from radixlm.bench.step import StepGrid, bench_step
+
+
+def test_bench_step_reports_every_part(tiny_model_dir, capsys):
+    grid = StepGrid(batch_sizes=(1, 3), context_lens=(48,), shared_prefix=(False, True), num_steps=2)
+    rows = bench_step({"model": str(tiny_model_dir("llama")), "quantization": "int8"}, grid)
+    assert [(r.batch_size, r.shared_prefix) for r in rows] == [(1, False), (3, False), (1, True), (3, True)]
+    for row in rows:
+        assert row.ms["step"] >= row.ms["execute"] >= row.ms["forward"] >= row.ms["attention"] > 0
+        assert row.ms["forward"] >= row.ms["linears"] > 0 and row.ms["sampler"] > 0 and row.ms["scheduler"] > 0
+        assert row.attention_bound_ms > 0 and row.linears_bound_ms > 0
+    assert rows[1].attention_bound_ms > rows[0].attention_bound_ms  # three contexts read instead of one
+    assert "| 3 | 48 | shared |" in capsys.readouterr().out
+
+
+def test_bench_quality_of_the_reference_against_itself_and_of_int8(tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    same = bench_quality({"model": model}, num_prompts=4, num_tokens=8, window=64)
+    assert same.identical_fraction == 1.0 and same.mean_matching_prefix == 8
+    assert same.mean_logprob_delta == 0.0 and same.num_text_tokens > 1000
+    int8 = bench_quality({"model": model, "quantization": "int8"}, num_prompts=4, num_tokens=8, window=64)
+    assert 0 < int8.mean_abs_logprob_delta < 1.0
+    assert 0 <= int8.identical_fraction <= 1
