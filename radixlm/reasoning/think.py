@@ -66,7 +66,8 @@ class ReasoningStream:
         self._buffer += delta
         if not self._started:  # a leading <think> (and the blank after it) is markup, not reasoning
             stripped = self._buffer.lstrip()
-            if THINK_START.startswith(stripped) and not final:
+            opened_only = stripped.startswith(THINK_START) and not stripped[len(THINK_START):].strip("\n")
+            if not final and (THINK_START.startswith(stripped) or opened_only):
                 return "", ""
             self._buffer = stripped.removeprefix(THINK_START).lstrip("\n") if stripped.startswith(THINK_START) \
                 else self._buffer

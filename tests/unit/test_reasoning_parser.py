@@ -15,6 +15,7 @@ CASES = [
     ("qwen3", "<think>\nhmm <b> tags </b>\n</think>\n\n42", "hmm <b> tags </b>\n", "42"),
     ("qwen3", "No thinking at all.", None, "No thinking at all."),
     ("qwen3", "</think>only an end", None, "only an end"),
+    ("deepseek_r1", "<think>\n\n\nfirst\n</think>\n\n\nthen", "first\n", "then"),
 ]
 
 
