@@ -13,16 +13,16 @@ from radixlm.trace.replay import Trace, replay
 from server.harness import start_server
 
 
-def test_a_served_multi_turn_trace_replays_exactly(tiny_model_dir, tmp_path):
+def test_a_served_multi_turn_trace_replays_exactly(long_model_dir, tiny_model_dir, tmp_path):
     trace_path = tmp_path / "serve-trace.jsonl"
-    server = start_server(tiny_model_dir("llama"), tmp_path, "--num-kv-blocks", "96", "--block-size", "4",
+    server = start_server(long_model_dir, tmp_path, "--num-kv-blocks", "1100", "--block-size", "4",
                           "--max-num-batched-tokens", "64", "--trace", str(trace_path))
     try:
         spec = WorkloadSpec(num_prompts=16, input_len=(16, 48), output_len=(4, 12), prefix_len=64, seed=0)
         options = BenchOptions(["multi-turn", "shared-prefix"], spec, max_concurrency=8)
         bench_serve(server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
         with contextlib.suppress(httpx.TimeoutException):  # a client that gives up: its abort reaches the engine
-            server.http.post("/v1/completions", json={"prompt": "x " * 40, "max_tokens": 200, "ignore_eos": True},
+            server.http.post("/v1/completions", json={"prompt": "x " * 40, "max_tokens": 3500, "ignore_eos": True},
                              timeout=0.3)
         tagged = server.http.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "metadata": {"user": "ada", "run": "7"}})
