@@ -12,12 +12,11 @@ import asyncio
 import contextlib
 import shlex
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixlm.bench.serve import BenchOptions, _healthy, _run_all, own_server
+from radixlm.bench.serve import BenchOptions, _run_all, own_server, wait_healthy
 from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.bench.workload import parse_range
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
@@ -58,11 +57,7 @@ def peer_server(script: str, port: int, timeout: float = 300.0) -> Iterator[str]
     process = subprocess.Popen(["bash", script, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(base_url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{script} did not become ready (exit code {process.poll()})")
-            time.sleep(0.5)
+        wait_healthy(base_url, process, timeout, script)
         yield base_url
     finally:
         process.terminate()

@@ -127,16 +127,21 @@ def own_server(engine_flags: list[str], timeout: float = 900.0) -> Iterator[tupl
     process = subprocess.Popen(command)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(base_url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"radixlm serve did not become ready (exit code {process.poll()})")
-            time.sleep(0.5)
+        wait_healthy(base_url, process, timeout, "radixlm serve")
         yield base_url, process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
         process.wait(60)
+
+
+def wait_healthy(base_url: str, process: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    """Wait until `base_url/health` answers 200; raise if the process exits first or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not _healthy(base_url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become ready (exit code {process.poll()})")
+        time.sleep(0.5)
 
 
 def _healthy(base_url: str) -> bool:
