@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from radixlm.bench.serve import BenchOptions, _run_all, own_server, wait_healthy
+from radixlm.bench.serve import BenchOptions, own_server, run_all, wait_healthy
 from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.bench.workload import parse_range
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
@@ -68,7 +68,7 @@ def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int) -> d
     results = {}
     for case in cases:
         options = BenchOptions([case.workload], case.spec(seed), max_concurrency=case.concurrency)
-        summary = asyncio.run(_run_all(base_url, options, tokenizer))[0].summary()
+        summary = asyncio.run(run_all(base_url, options, tokenizer))[0].summary()
         results[case] = summary
         print(f"  {case.name}: {summary['output_tok_per_s']:.1f} out tok/s, ITL p50 {summary['itl_p50'] * 1000:.0f} "
               f"ms, TTFT p50 {summary['ttft_p50'] * 1000:.0f} ms, failed {summary['failed']}", flush=True)

@@ -100,7 +100,7 @@ async def run_workload(client: Any, model: str, sessions: list[Session], request
     return records, time.perf_counter() - bench_start
 
 
-async def _run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list[WorkloadResult]:
+async def run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list[WorkloadResult]:
     import openai  # a dev dependency (requirements-dev.txt): only the benchmark needs a client
 
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=options.extra.get("api_key") or "unused",
@@ -170,7 +170,7 @@ def bench_serve(base_url: str | None, engine_options: dict[str, Any], options: B
     tokenizer = load_tokenizer(resolve_model_dir(str(engine_options.get("model", DEFAULT_MODEL))))
     with contextlib.ExitStack() as stack:
         url = base_url or stack.enter_context(own_server(engine_flags(engine_options)))[0]
-        results = asyncio.run(_run_all(url, options, tokenizer))
+        results = asyncio.run(run_all(url, options, tokenizer))
     print_table(results, options)
     if options.output_json:
         save_json(results, options, options.output_json)
