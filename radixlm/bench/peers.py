@@ -21,9 +21,6 @@ from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.bench.workload import parse_range
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 
-DEFAULT_CASES = "random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64"
-DEFAULT_PEER = "../shared/peers/serve-llama-server.sh"
-
 
 @dataclass(frozen=True)
 class Case:
