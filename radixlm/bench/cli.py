@@ -186,7 +186,7 @@ def add_bench_commands(commands: Any) -> None:
     trace.add_argument("--num-prompts", type=int, default=32)
     trace.add_argument("--input-len", default="64-256", help="prompt length range LOW-HIGH")
     trace.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
-    trace.add_argument("--repeats", type=int, default=3)
+    trace.add_argument("--repeats", type=int, default=5)
     trace.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(trace)
     trace.set_defaults(handler=_cmd_trace)

@@ -1,6 +1,6 @@
 """`radixlm bench trace`: what `--trace` costs. The same random workload through one engine without a trace and
-one with it, alternating (off, on, off, on, ...) so that drift on a shared machine hits both; prints each run and
-the overhead of tracing on output throughput (the goal: at most 2%)."""
+one with it, each warmed up by one uncounted run, then alternating (off, on, off, on, ...) so that drift on a shared
+machine hits both; prints each run and the overhead of tracing on output throughput (the goal: at most 2%)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ def bench_trace(engine_options: dict, num_prompts: int, input_len: tuple[int, in
         engines = {"off": LLM(**engine_options), "on": LLM(**engine_options, trace=str(trace_path))}
         requests = random_requests(engines["off"].tokenizer, num_prompts, input_len, output_len, seed)
         throughput: dict[str, list[float]] = {"off": [], "on": []}
+        for llm in engines.values():  # first runs pay one-time costs (page faults, allocator growth): not counted
+            run_radixlm(llm, requests)
         for repeat in range(repeats):
             for name in ("off", "on"):
                 result = run_radixlm(engines[name], requests)
