@@ -36,6 +36,7 @@ class SchedulerOutput:
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    preemption_reasons: list[str] = field(default_factory=list)  # one per preempted request: why
     block_copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_tokens) before the forward
 
     @property

@@ -113,7 +113,8 @@ class Scheduler:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
                 victim = max(self.running, key=preemption_rank)
-                budget += self._preempt_scheduled(victim, scheduled, output)
+                budget += self._preempt_scheduled(victim, scheduled, output,
+                                                  f"out of KV blocks for {request.request_id}")
                 if victim is request:
                     break
             else:
@@ -195,13 +196,15 @@ class Scheduler:
         victim = max(self.running, key=preemption_rank)
         if victim.priority <= request.priority:
             return None
-        return self._preempt_scheduled(victim, scheduled, output)
+        return self._preempt_scheduled(victim, scheduled, output,
+                                       f"priority: {request.request_id} (priority {request.priority}) needed room")
 
     def _preempt_scheduled(self, victim: Request, scheduled: dict[str, ScheduledChunk],
-                           output: SchedulerOutput) -> int:
+                           output: SchedulerOutput, reason: str) -> int:
         """Preempt `victim`, dropping its chunk from this step; returns the budget that chunk gives back."""
         self._preempt(victim)
         output.preempted_request_ids.append(victim.request_id)
+        output.preemption_reasons.append(reason)
         chunk = scheduled.pop(victim.request_id, None)
         return chunk.num_tokens if chunk else 0
 

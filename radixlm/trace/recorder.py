@@ -6,9 +6,10 @@ Events (times in seconds from the start of the trace, monotonic clock):
   metadata, `queued` (false while its grammar compiles; a `queued` event follows), `step` (the next step's index).
 - `queued`, `abort`: a request entering the scheduler late, or aborted, before step `step`.
 - `step`: its index and start, the time spent scheduling, in the forward, sampling (with the token updates) and
-  producing outputs; every chunk as [request id, start position, tokens]; preemptions; forks as [parent, child,
-  context length]; the tokens sampled as [request id, token]; the sequences that ended as [request id, status];
-  cache hits (tokens) of first admissions, blocks evicted, KV usage and the queue lengths after the step.
+  producing outputs; every chunk as [request id, start position, tokens]; preemptions and why each happened;
+  forks as [parent, child, context length]; the tokens sampled as [request id, token]; the sequences that ended
+  as [request id, status]; cache hits (tokens) of first admissions, blocks evicted, KV usage and the queue
+  lengths after the step.
 - `finish`: a user request's end: reason, output tokens, TTFT and e2e, metadata.
 """
 
@@ -89,7 +90,8 @@ class TraceRecorder:
             "schedule_s": round(scheduled - start, 6), "forward_s": round(forwarded - scheduled, 6),
             "sample_s": round(sampled_at - forwarded, 6), "outputs_s": round(end - sampled_at, 6),
             "chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
-            "preempted": output.preempted_request_ids, "forks": self._children, "forward_failed": forward_failed,
+            "preempted": output.preempted_request_ids, "preemption_reasons": output.preemption_reasons,
+            "forks": self._children, "forward_failed": forward_failed,
             "sampled": [[r.request_id, r.last_token_id] for r in sampled],
             "ended": [[r.request_id, r.status.name] for r in everyone if r.is_finished],
             "cache_hits": {c.request_id: c.start_position for c in output.chunks if c.start_position > 0 and

@@ -45,7 +45,9 @@ def _step_lines(step: dict[str, Any], sequences: tuple[str, str], first_token_se
             what = "decode" if num_tokens == 1 else f"prefill chunk {start}..{start + num_tokens - 1}"
             hit = f" (cache hit: {step['cache_hits'][seq_id]} tokens)" if seq_id in step["cache_hits"] else ""
             lines.append(f"{time:10.4f}  step {index}: {seq_id} {what}{hit}")
-    lines += [f"{time:10.4f}  step {index}: {seq_id} preempted" for seq_id in step["preempted"] if mine(seq_id)]
+    reasons = step.get("preemption_reasons") or [""] * len(step["preempted"])
+    lines += [f"{time:10.4f}  step {index}: {seq_id} preempted ({reason})"
+              for seq_id, reason in zip(step["preempted"], reasons, strict=True) if mine(seq_id)]
     lines += [f"{time:10.4f}  step {index}: {child} forked from {parent}" for parent, child, _ in step["forks"]
               if mine(parent)]
     if not first_token_seen and any(s[0] == sequences[0] for s in step["sampled"]):

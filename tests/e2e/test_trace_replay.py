@@ -46,6 +46,8 @@ def test_the_trace_holds_every_event(trace_path):
     assert [s["step"] for s in steps] == list(range(len(steps)))
     assert all(s["forward_s"] > 0 and s["schedule_s"] >= 0 for s in steps)
     assert any(s["preempted"] for s in steps) and any(s["forks"] for s in steps)
+    assert all(len(s["preemption_reasons"]) == len(s["preempted"]) for s in steps)
+    assert any("out of KV blocks" in reason for s in steps for reason in s["preemption_reasons"])
     assert any(s["cache_hits"] for s in steps)
     assert [e["request_id"] for e in trace.of("abort")] == ["aborted"]
     finishes = {event["request_id"]: event for event in trace.of("finish")}
