@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -11,9 +12,12 @@ from radixlm.engine.llm_engine import LLMEngine
 from radixlm.sampling_params import SamplingParams
 
 
-def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False
-              ) -> list[list[int]]:
+def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False,
+              prepare: Callable[[torch.nn.Module], object] | None = None) -> list[list[int]]:
+    """HF `generate`, greedy, one prompt at a time; `prepare(model)` may change the loaded model first."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if prepare is not None:
+        prepare(model)
     if not stop_at_eos:
         model.generation_config.eos_token_id = None
     outputs = []

@@ -3,10 +3,8 @@ whatever the batching, chunking or preemption: int8 activations are quantized pe
 depend on the rows it shares a forward with."""
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
-from e2e.hf_reference import run_engine
+from e2e.hf_reference import hf_greedy, run_engine
 from e2e.test_greedy_matches_hf import MAX_NEW, SCENARIOS, random_prompts
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model.quantize import Int8Linear, quantize_model
@@ -16,17 +14,7 @@ ARCHS = ["llama", "gemma2"]
 
 
 def hf_int8_greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    quantize_model(model, "int8")
-    model.generation_config.eos_token_id = None
-    outputs = []
-    for prompt in prompts:
-        with torch.inference_mode():
-            generated = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                       dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
-                                       pad_token_id=0)
-        outputs.append(generated[0, len(prompt):].tolist())
-    return outputs
+    return hf_greedy(model_dir, prompts, max_new_tokens, prepare=lambda model: quantize_model(model, "int8"))
 
 
 @pytest.fixture(scope="module")
