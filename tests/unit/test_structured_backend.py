@@ -5,21 +5,10 @@ import threading
 
 import pytest
 import torch
-from tiny_models import VOCAB_SIZE, build_tokenizer
+from tiny_models import VOCAB_SIZE
 
 from radixlm.structured.compile_cache import GrammarCompileCache
 from radixlm.structured.spec import GrammarSpec
-from radixlm.structured.xgrammar_backend import XGrammarBackend
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    return XGrammarBackend(tokenizer, VOCAB_SIZE, [tokenizer.eos_token_id])
 
 
 def allowed_ids(backend, matcher):

@@ -2,25 +2,13 @@
 the text the tool parser reads back is accepted, anything else is not."""
 
 import pytest
-from tiny_models import VOCAB_SIZE, build_tokenizer
 
 from radixlm.server.tool_calling import FunctionTool, after_reasoning, tool_call_grammar
 from radixlm.structured.spec import GrammarSpec
-from radixlm.structured.xgrammar_backend import XGrammarBackend
 from radixlm.tool_parsers import get_tool_parser
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
 FUNCTIONS = [FunctionTool("move", POINT), FunctionTool("stop", {"type": "object", "properties": {}})]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    return XGrammarBackend(tokenizer, VOCAB_SIZE, [tokenizer.eos_token_id])
 
 
 def accepts(backend, tokenizer, spec: GrammarSpec, text: str) -> bool:
