@@ -17,6 +17,7 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
+EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30}
@@ -55,8 +56,13 @@ class ModelConfig:
         "activations, PyTorch's fbgemm kernel; needs --dtype float32)"))
     attention_backend: str = field(default="auto", metadata=_help(
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
+    distributed_executor_backend: str = field(default="uni", metadata=_help(
+        "where the model worker runs: uni (in the engine's process) or mp (a child process fed pickled steps)"))
 
     def __post_init__(self) -> None:
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, "
+                             f"got {self.distributed_executor_backend!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

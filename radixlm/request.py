@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from radixlm.sampling_params import SamplingParams
 
@@ -106,6 +105,8 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache (first schedule)
         self.block_table: list[int] = []
+        self.num_blocks_sent = 0  # how much of `block_table` the model worker has (see core/step.py)
+        self.draft_token_ids: list[int] = []  # proposed next tokens, verified in the next step (speculation)
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
         # The key of this sequence's random stream: token t is drawn with uniform number t of the stream.
@@ -138,6 +139,14 @@ class Request:
         self.num_tokens += 1
         self.last_token_id = token_id
 
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep only the first `num_output_tokens` output tokens (a stop string ended the sequence inside a step
+        that gave it several)."""
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
+        self.num_tokens = len(self.all_token_ids)
+        self.last_token_id = self.all_token_ids[-1]
+        self.num_computed_tokens = min(self.num_computed_tokens, self.num_tokens)
+
     # -- state machine -------------------------------------------------------------------------------------------
     def transition(self, new_status: RequestStatus, now: float | None = None) -> None:
         """Move to `new_status`, or raise IllegalTransitionError; stamps first-scheduled and finished times."""
@@ -159,17 +168,6 @@ class Request:
         if self.times.first_token is None:
             self.times.first_token = now
         self.times.last_token = now
-
-    # -- compact pickling for worker processes (seed 002) --------------------------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        """Before the first output token the whole prompt travels; afterwards only the last token does."""
-        state = self.__dict__.copy()
-        if self.num_output_tokens > 0:
-            state["all_token_ids"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

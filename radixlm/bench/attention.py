@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import paged_attention
 from radixlm.model.input_batch import AttentionMetadata, InputBatch
 from radixlm.model.kv_cache import PagedKVCache
@@ -65,8 +65,9 @@ def _step_metadata(shape: AttentionShape, batch: int, context_len: int, shared_p
     for b in range(batch):
         first = shared_blocks + b * own_blocks
         chunks.append(ScheduledChunk(f"r{b}", [1], context_len - 1, shared + list(range(first, first + own_blocks)),
-                                     samples=True))
-    return cache, InputBatch.build(SchedulerOutput(chunks=chunks), cache, decode_kernel=kernel).attn_metadata
+                                     num_sampled=1))
+    tables = {chunk.request_id: chunk.new_block_ids for chunk in chunks}
+    return cache, InputBatch.build(chunks, tables, cache, decode_kernel=kernel).attn_metadata
 
 
 def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared_prefix: int, kv_dtype: torch.dtype,

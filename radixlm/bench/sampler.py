@@ -69,7 +69,8 @@ def bench_sampler(engine_options: dict, num_requests: int, prompt_len: int, num_
     for _ in range(num_steps + 1):  # the first step builds every variant's tensors: not counted
         output = scheduler.schedule()
         assert len(output.chunks) == num_requests and output.num_scheduled_tokens == num_requests
-        forward, result = _timed(engine.runner.execute, output)
+        tables = {c.request_id: scheduler.requests[c.request_id].block_table for c in output.chunks}
+        forward, result = _timed(engine.runner.execute, output.chunks, tables)
         logits = result.logits  # type: ignore[attr-defined]
         for name, sampler in samplers.items():
             if name == "all, rebuilt per step":
@@ -79,7 +80,8 @@ def bench_sampler(engine_options: dict, num_requests: int, prompt_len: int, num_
             if name == "all transforms":
                 last_tokens = sampled.token_ids  # type: ignore[attr-defined]
         forward_times.append(forward)
-        scheduler.update_from_output(output, last_tokens)
+        scheduler.update_from_output(output, {request_id: [token] for request_id, token in
+                                              zip(output.sampling_request_ids, last_tokens, strict=True)})
         for copies in variant_requests.values():  # keep the variants' views in step with the real requests
             for copy, request in zip(copies, requests, strict=True):
                 copy.all_token_ids, copy.num_tokens = request.all_token_ids, request.num_tokens

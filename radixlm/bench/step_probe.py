@@ -53,7 +53,7 @@ class StepProbe:
         self._time_module(model, "forward")
         self._wrap_attention(model.config._attn_implementation)
         self._wrap_attribute(engine.runner, "execute", "execute")
-        self._wrap_attribute(engine, "sampler", "sampler")
+        self._wrap_attribute(engine.worker, "sampler", "sampler")
         self._wrap_attribute(engine.scheduler, "schedule", "scheduler")
         self._wrap_attribute(engine.scheduler, "update_from_output", "scheduler")
 

@@ -163,6 +163,16 @@ class KVCacheManager:
         self.block_pool.free(reversed(request.block_table))  # tail first: those blocks are the least reusable
         request.block_table = []
 
+    def trim(self, request: Request, num_tokens: int) -> int:
+        """Free the blocks at the end of the request's table beyond those `num_tokens` tokens need (after rejected
+        draft tokens); returns the table's new length. Its computed tokens must fit in what is kept."""
+        num_kept = cdiv(num_tokens, self.block_size)
+        assert request.num_computed_tokens <= num_kept * self.block_size, request
+        if num_kept < len(request.block_table):
+            self.block_pool.free(reversed(request.block_table[num_kept:]))
+            del request.block_table[num_kept:]
+        return len(request.block_table)
+
     def reset_prefix_cache(self) -> None:
         """Evict every unlocked tree node (all of them when no request is live)."""
         if self.radix_cache is not None:

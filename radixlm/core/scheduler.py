@@ -10,13 +10,13 @@ request also preempts running ones of strictly lower priority when blocks or `ma
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
 
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
 from radixlm.core.prefix_policy import InFlightPrefill, duplicates_in_flight_prefill, order_by_cached_prefix
 from radixlm.core.request_queue import PriorityWaitingQueue, WaitingQueue
+from radixlm.core.step import ForkedRequest, NewRequestData, ScheduledChunk, SchedulerOutput
 from radixlm.request import Request, RequestStatus
 
 
@@ -37,6 +37,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         self.num_computed_prompt_tokens = 0  # prompt tokens whose K/V were computed (not taken from the cache)
+        # What the worker must hear in the next step's output: requests that left, tables that shrank.
+        self._finished_request_ids: list[str] = []
+        self._trimmed_block_tables: dict[str, int] = {}
 
     # -- admission ---------------------------------------------------------------------------------------------
     def add_request(self, request: Request, check_queue_limit: bool = True) -> None:
@@ -84,23 +87,28 @@ class Scheduler:
         request.transition(status)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
+        self._finished_request_ids.append(request.request_id)
 
-    def fork_request(self, parent: Request, child: Request, num_computed_tokens: int) -> list[tuple[int, int, int]]:
-        """Start `child`, a new sequence with `parent`'s prompt (n > 1 sampling), as running and sharing the K/V of
-        `parent`'s first `num_computed_tokens` positions. Returns the block copies to apply before the next forward
-        (see KVCacheManager.fork)."""
+    def fork_request(self, parent: Request, child: Request, output: SchedulerOutput) -> None:
+        """Start `child`, a new sequence with `parent`'s prompt (n > 1 sampling), in the step of `output` where
+        `parent` samples its first token: running, sharing the K/V of `parent`'s prompt, and given its first token
+        by `update_from_output` (see `ForkedRequest` and KVCacheManager.fork)."""
         if child.request_id in self.requests:
             raise ValueError(f"request_id {child.request_id!r} is already in use")
-        copies = self.kv_cache_manager.fork(parent, child, num_computed_tokens)
+        copies = self.kv_cache_manager.fork(parent, child, parent.num_tokens)
         child.transition(RequestStatus.RUNNING)
         self.running.append(child)
         self.requests[child.request_id] = child
-        return copies
+        child.num_blocks_sent = len(child.block_table)
+        output.forks.append(ForkedRequest(parent.request_id, child.request_id, child.sampling_seed,
+                                          list(child.block_table), copies))
 
     # -- one step ----------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks within the token budget and `max_num_seqs`, preempting if blocks run out."""
-        output = SchedulerOutput()
+        output = SchedulerOutput(finished_request_ids=self._finished_request_ids,
+                                 trimmed_block_tables=self._trimmed_block_tables)
+        self._finished_request_ids, self._trimmed_block_tables = [], {}
         budget = self.config.max_num_batched_tokens
         decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
@@ -108,7 +116,7 @@ class Scheduler:
         for request in decoding + prefilling:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_uncomputed_tokens, budget)
+            num_new = min(request.num_uncomputed_tokens + len(self._drafts_within_limits(request)), budget)
             if num_new == 0:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
@@ -164,6 +172,8 @@ class Scheduler:
                 break
             first_admission = request.times.first_scheduled is None
             self.waiting.remove(request)
+            request.num_blocks_sent = 0  # new to the worker (again, after a preemption)
+            output.new_requests.append(NewRequestData.of(request))
             request.transition(RequestStatus.RUNNING)
             self.running.append(request)
             if first_admission:
@@ -212,53 +222,90 @@ class Scheduler:
         self.running.remove(request)
         self.kv_cache_manager.free(request)
         request.num_computed_tokens = 0
+        request.draft_token_ids = []
         request.transition(RequestStatus.PREEMPTED)
         request.transition(RequestStatus.WAITING)
         self.waiting.add_preempted(request)
         self.num_preemptions += 1
 
-    @staticmethod
-    def _chunk(request: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+        """The next `num_new` tokens of `request` (its drafts after its own tokens, when it reaches them)."""
         start = request.num_computed_tokens
-        return ScheduledChunk(
-            request_id=request.request_id,
-            token_ids=request.all_token_ids[start:start + num_new],
-            start_position=start,
-            block_table=list(request.block_table),
-            samples=start + num_new == request.num_tokens,
-        )
+        token_ids = request.all_token_ids[start:start + num_new]
+        num_sampled = 0
+        if start + num_new >= request.num_tokens:
+            drafts = self._drafts_within_limits(request)[:start + num_new - request.num_tokens]
+            token_ids += drafts
+            num_sampled = 1 + len(drafts)
+        new_block_ids = request.block_table[request.num_blocks_sent:]
+        request.num_blocks_sent = len(request.block_table)
+        return ScheduledChunk(request.request_id, token_ids, start, new_block_ids, num_sampled)
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Request]:
-        """Advance token progress, append sampled tokens, apply token-level stops.
+    def _drafts_within_limits(self, request: Request) -> list[int]:
+        """The request's draft tokens that may be verified now: only at its last token, and no more than can be
+        kept (the context and max_tokens leave room for the drafts and one token after them)."""
+        if not request.draft_token_ids or request.num_uncomputed_tokens != 1:
+            return []
+        room = self.max_model_len - request.num_tokens
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens - 1)
+        return request.draft_token_ids[:max(0, room)]
 
-        `sampled_token_ids` follow `output.sampling_request_ids`. Returns the requests that received a token
-        (finished ones included, already freed).
+    def update_from_output(self, output: SchedulerOutput,
+                           sampled_token_ids: Mapping[str, Sequence[int]]) -> list[tuple[Request, int]]:
+        """Advance token progress, append the new tokens, apply token-level stops.
+
+        `sampled_token_ids[request_id]`: the tokens a sampling request (or forked child) of `output` receives: one,
+        or its accepted drafts and one more; a request missing there (it failed) gets none. Rejected drafts are
+        not computed: the request's progress stops after the last accepted one and its block table is trimmed,
+        so the radix tree only ever sees final tokens. Returns each request that received tokens with how many
+        it kept (a token-level stop drops those after it); finished ones included, already freed.
         """
         now = time.monotonic()
-        sampled = dict(zip(output.sampling_request_ids, sampled_token_ids, strict=True))
-        updated: list[Request] = []
+        updated: list[tuple[Request, int]] = []
         for chunk in output.chunks:
             request = self.requests.get(chunk.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             self.num_computed_prompt_tokens += max(
                 0, min(chunk.context_len, request.num_prompt_tokens) - chunk.start_position)
-            request.num_computed_tokens += chunk.num_tokens
+            token_ids = sampled_token_ids.get(chunk.request_id, ()) if chunk.samples else ()
+            num_rejected = chunk.num_draft_tokens - max(0, len(token_ids) - 1) if token_ids else 0
+            request.num_computed_tokens += chunk.num_tokens - num_rejected
+            request.draft_token_ids = []
+            if token_ids:  # before caching: accepted drafts are computed tokens the tree needs to know
+                updated.append((request, self.append_tokens(request, token_ids, now)))
+            if request.is_finished:
+                continue  # freed: its computed tokens went to the tree
             if chunk.num_tokens > 1:
                 self.kv_cache_manager.cache_computed(request)  # later requests (and this one, if preempted) hit
-            if not chunk.samples:
-                continue
-            self.append_token(request, sampled[chunk.request_id], now)
-            updated.append(request)
+            if num_rejected:
+                self._trim(request)
+        for fork in output.forks:
+            child = self.requests.get(fork.child_id)
+            if child is not None and child.status is RequestStatus.RUNNING and fork.child_id in sampled_token_ids:
+                updated.append((child, self.append_tokens(child, sampled_token_ids[fork.child_id], now)))
         return updated
 
-    def append_token(self, request: Request, token_id: int, now: float) -> None:
-        """Append a sampled token to a running request and apply the token-level stops (freeing it if one hits)."""
-        request.append_output_token(token_id)
-        request.record_token_time(now)
-        stop = check_token_stop(request, self.max_model_len)
-        if stop is not None:
-            self.finish_request(request, *stop)
+    def append_tokens(self, request: Request, token_ids: Sequence[int], now: float) -> int:
+        """Append new tokens to a running request, applying the token-level stops after each (a stop frees it and
+        drops the tokens after it); returns how many were kept."""
+        for num_kept, token_id in enumerate(token_ids, 1):
+            request.append_output_token(token_id)
+            request.record_token_time(now)
+            stop = check_token_stop(request, self.max_model_len)
+            if stop is not None:
+                self.finish_request(request, *stop)
+                return num_kept
+        return len(token_ids)
+
+    def _trim(self, request: Request) -> None:
+        """Free the blocks a request's rejected drafts were written to, beyond those its tokens need."""
+        num_blocks = self.kv_cache_manager.trim(request, request.num_tokens)
+        if num_blocks < request.num_blocks_sent:
+            request.num_blocks_sent = num_blocks
+            self._trimmed_block_tables[request.request_id] = num_blocks
 
     # -- introspection -----------------------------------------------------------------------------------------
     @property

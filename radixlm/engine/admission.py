@@ -10,7 +10,7 @@ import itertools
 import logging
 from collections.abc import Sequence as Seq
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
 from radixlm.engine.sequence_group import Sequence, SequenceGroup
@@ -34,13 +34,10 @@ def max_model_len(configured: int | None, num_kv_slots: int, max_position_embedd
     return length
 
 
-def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Every end-of-sequence id the generation config, the model config or the tokenizer names."""
-    ids: set[int] = set()
-    for source in (model.generation_config, model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        ids.update([value] if isinstance(value, int) else value or [])
-    return frozenset(ids)
+def eos_token_ids(model_eos_token_ids: frozenset[int], tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every end-of-sequence id the model (its generation config and config) or the tokenizer names."""
+    value = getattr(tokenizer, "eos_token_id", None)
+    return model_eos_token_ids | frozenset([value] if isinstance(value, int) else value or [])
 
 
 class Admission:

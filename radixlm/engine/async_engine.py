@@ -204,7 +204,7 @@ class AsyncEngine:
         try:
             engine = self._engine_factory()
             self.info = EngineInfo(tokenizer=copy.deepcopy(engine.tokenizer), max_model_len=engine.max_model_len,
-                                   vocab_size=engine.runner.shape.vocab_size,
+                                   vocab_size=engine.worker_info.vocab_size,
                                    schedule_policy=engine.config.scheduler.schedule_policy,
                                    structured=engine.structured)
             self.metrics.observe_scheduler(scheduler_stats(engine))

@@ -2,8 +2,9 @@
 
 A request with `structured_outputs` waits here (not in the scheduler) until its grammar is compiled on the
 compile thread, so it never stalls the batch. Each of its sequences then gets its own matcher. Every step the
-constrained rows of the logits are masked to what their matchers allow (the other rows are not touched), and every
-sampled token is accepted by its sequence's matcher; a sequence whose grammar terminates finishes.
+matchers of the constrained sampling sequences fill a bitmask of the tokens they allow next, which the step sends
+the worker (`GrammarBitmask`); every new token is accepted by its sequence's matcher; a sequence whose grammar
+terminates finishes. A constrained sequence gets one token per step (no drafts: a draft would need a rollback).
 
 Preemption needs no rollback: recompute preemption keeps the generated tokens, so a matcher stays in step with its
 sequence (tests check constrained outputs are identical with and without preemption).
@@ -16,8 +17,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
-import torch
-
+from radixlm.core.step import GrammarBitmask
 from radixlm.engine.sequence_group import SequenceGroup
 from radixlm.request import Request
 from radixlm.structured.backend import GrammarMatcher
@@ -72,15 +72,23 @@ class GrammarTracker:
         for sequence in group.sequences:
             self._matchers[sequence.request.request_id] = self.structured.new_matcher(compiled)
 
-    def mask_function(self, requests: list[Request]) -> Callable[[torch.Tensor], None] | None:
-        """The masking stage for the sampler over `requests` (its rows), or None when none is constrained."""
-        if not self._matchers:
+    def bitmask(self, request_ids: list[str],
+                on_error: Callable[[str, Exception], object]) -> GrammarBitmask | None:
+        """The allowed next tokens of the constrained ones among `request_ids` (those sampling this step), or None
+        when none is constrained. A matcher that raises is reported to `on_error(request_id, error)` and left out."""
+        constrained = [request_id for request_id in request_ids if request_id in self._matchers]
+        if not constrained:
             return None
-        rows = [row for row, request in enumerate(requests) if request.request_id in self._matchers]
-        if not rows:
-            return None
-        matchers = [self._matchers[requests[row].request_id] for row in rows]
-        return lambda logits: self.structured.apply_masks(logits, rows, matchers)
+        bitmask = self.structured.backend.allocate_bitmask(len(constrained))
+        kept: list[str] = []
+        for request_id in constrained:
+            try:
+                self._matchers[request_id].fill_bitmask(bitmask, len(kept))
+            except Exception as error:
+                on_error(request_id, error)
+                continue
+            kept.append(request_id)
+        return GrammarBitmask(kept, bitmask[:len(kept)]) if kept else None
 
     def accept(self, request: Request) -> bool:
         """Feed the request's newest token to its matcher; True when its grammar has terminated."""

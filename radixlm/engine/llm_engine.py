@@ -1,12 +1,16 @@
-"""LLMEngine: schedule -> forward -> sample -> append -> stop checks -> outputs, one step at a time.
+"""LLMEngine: the engine core's loop, one step at a time: schedule -> execute -> update, then outputs.
 
 The engine is single-threaded: callers (the offline LLM, the async server wrapper) own the loop and call
 `add_request`, `abort_request` and `step` from one thread.
 
+A step: the scheduler picks the chunks (`SchedulerOutput`, see `radixlm/core/step.py`); the engine adds what the
+worker must apply besides (forks of n > 1 sequences, prompt-logprob positions, grammar masks); the model worker runs
+it and returns the new tokens (`ModelRunnerOutput`); the scheduler advances token progress and applies token stops;
+the output processor turns the new tokens into text, stop strings, logprobs and `RequestOutput`s.
+
 A user request is a `SequenceGroup`; each of its sequences is one scheduler `Request`. With n > 1 (or best_of)
 sequence 0 computes the prompt, and in the step where it samples its first token the others are forked from it:
-they share its prompt blocks (ref counts; a partly filled last block is copied right after the forward that
-wrote it) and each draws its own first token from the same logits row, with its own random stream.
+they share its prompt blocks and each draws its own first token from the same logits row, with its own stream.
 """
 
 from __future__ import annotations
@@ -17,28 +21,26 @@ from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
 from typing import Any
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
-from radixlm.engine.output_processor import OutputProcessor
+from radixlm.engine.output_processor import OutputProcessor, TokenEvent
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.prompt_logprobs import prompt_logits_positions
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
-from radixlm.model.runner import ModelRunner, RunnerOutput
+from radixlm.model.runner import ModelRunner
 from radixlm.request import Request, RequestStatus, sequence_id
-from radixlm.sample.isolated import sample_isolated
-from radixlm.sample.logprobs import TokenLogprobs
-from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder
+from radixlm.worker.process import WorkerProcess
+from radixlm.worker.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -53,26 +55,34 @@ class LLMEngine:
         self.config = config
         model_dir = resolve_model_dir(config.model.model)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_dir)
-        self.runner = ModelRunner(model_dir, config.model, config.cache)
-        self.max_model_len = max_model_len(config.model.max_model_len, self.runner.kv_cache.num_slots,
-                                           self.runner.shape.max_position_embeddings)
-        kv_cache_manager = KVCacheManager(self.runner.kv_cache.num_blocks, config.cache.block_size,
+        worker_class = WorkerProcess if config.model.distributed_executor_backend == "mp" else ModelWorker
+        self.worker: ModelWorker | WorkerProcess = worker_class(model_dir, config.model, config.cache)
+        self.worker_info = info = self.worker.info()
+        self.max_model_len = max_model_len(config.model.max_model_len, info.num_kv_slots,
+                                           info.max_position_embeddings)
+        kv_cache_manager = KVCacheManager(info.num_kv_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len)
-        self.sampler = Sampler(self.runner.shape.vocab_size)
-        self.eos_token_ids = eos_token_ids(self.runner.model, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(info.model_eos_token_ids, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
-        self.structured = StructuredOutputs(self.tokenizer, self.runner.shape.vocab_size, sorted(self.eos_token_ids))
+        self.structured = StructuredOutputs(self.tokenizer, info.vocab_size, sorted(self.eos_token_ids))
         self.grammars = GrammarTracker(self.structured)
-        self.admission = Admission(config, self.tokenizer, self.runner.shape.vocab_size, self.eos_token_ids)
+        self.admission = Admission(config, self.tokenizer, info.vocab_size, self.eos_token_ids)
         self._num_failed_forwards = 0  # in a row
         self.num_steps = 0  # steps that ran a forward (or tried to)
         self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools and the dashboard
         self.last_step_seconds = 0.0
-        self.tracer = TraceRecorder(config.scheduler.trace, config, self.runner.kv_cache.num_blocks,
+        self.tracer = TraceRecorder(config.scheduler.trace, config, info.num_kv_blocks,
                                     self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
         self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model runner, when the worker runs in this process."""
+        if not isinstance(self.worker, ModelWorker):
+            raise AttributeError("the model worker runs in another process")
+        return self.worker.runner
 
     # -- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
@@ -152,64 +162,70 @@ class LLMEngine:
             if self.grammars.num_waiting:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
             return failed
-        scheduled_at = time.perf_counter()
         self.last_scheduler_output = scheduler_output
-        scheduled = [self.scheduler.requests[c.request_id] for c in scheduler_output.chunks] if self.tracer else []
-        positions = prompt_logits_positions(scheduler_output, self.output_processor.sequences)
-        result = self._forward(scheduler_output, positions, failed)
+        self._prepare(scheduler_output, failed)
+        scheduled = [self.scheduler.requests[request_id] for request_id in
+                     [c.request_id for c in scheduler_output.chunks] + [f.child_id for f in scheduler_output.forks]
+                     if request_id in self.scheduler.requests] if self.tracer else []
+        scheduled_at = time.perf_counter()
+        runner_output = self._execute(scheduler_output, failed)
         forwarded_at = time.perf_counter()
-        updated = self._sample_and_update(scheduler_output, result.logits, failed) if result is not None else []
-        sampled_at = time.perf_counter()
-        if result is not None:
-            self.output_processor.record_prompt_logprobs(positions, result.prompt_logits, failed)
-        outputs = failed + self.output_processor.outputs(self.output_processor.record_tokens(updated, failed))
+        events = self._update(scheduler_output, runner_output, failed) if runner_output is not None else []
+        updated_at = time.perf_counter()
+        outputs = failed + self.output_processor.outputs(self.output_processor.record_tokens(events, failed))
         self.last_step_seconds = time.perf_counter() - started
         if self.tracer is not None:
-            marks = (started, scheduled_at, forwarded_at, sampled_at, time.perf_counter())
-            self.tracer.step(self.num_steps, marks, scheduler_output, scheduled, [r for r, _ in updated],
-                             self.scheduler, forward_failed=result is None)
+            marks = (started, scheduled_at, forwarded_at, updated_at, time.perf_counter())
+            self.tracer.step(self.num_steps, marks, scheduler_output, scheduled,
+                             [(e.request.request_id, e.token_ids) for e in events],
+                             self.scheduler, forward_failed=runner_output is None)
         self.num_steps += 1
         return outputs
 
-    def _forward(self, scheduler_output: SchedulerOutput, positions: dict[str, tuple[int, int]],
-                 failed: list[RequestOutput]) -> RunnerOutput | None:
-        """The model's forward; if it raises, every request of the batch fails (None is returned)."""
+    def _prepare(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> None:
+        """Add what the worker applies besides the chunks: n > 1 forks, prompt-logprob positions, grammar masks."""
+        for parent, child in self.output_processor.take_forks(scheduler_output):
+            self.scheduler.fork_request(parent, child, scheduler_output)
+        scheduler_output.prompt_logprob_positions = prompt_logits_positions(scheduler_output,
+                                                                            self.output_processor.sequences)
+        scheduler_output.grammar_bitmask = self.grammars.bitmask(
+            scheduler_output.sampling_request_ids,
+            lambda request_id, error: self.output_processor.fail_sequence(request_id, error, "the grammar", failed))
+
+    def _execute(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> ModelRunnerOutput | None:
+        """The worker's step; if it raises, every request of the batch fails (None is returned)."""
         try:
-            result = self.runner.execute(scheduler_output, positions)
+            result = self.worker.execute_model(scheduler_output)
         except Exception as error:
             self._num_failed_forwards += 1
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
                 raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
-            for chunk in scheduler_output.chunks:
-                self.output_processor.fail_sequence(chunk.request_id, error, "the forward pass", failed)
+            for request_id in scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]:
+                self.output_processor.fail_sequence(request_id, error, "the forward pass", failed)
             self.check_invariants()
             return None
         self._num_failed_forwards = 0
         return result
 
-    def _sample_and_update(self, scheduler_output: SchedulerOutput, logits: torch.Tensor,
-                           failed: list[RequestOutput]) -> list[tuple[Request, TokenLogprobs | None]]:
-        """Sample every sampling row (forked children included), append the tokens, run grammars; returns the
-        requests that received a token with their logprobs."""
-        parents = [self.scheduler.requests[rid] for rid in scheduler_output.sampling_request_ids]
-        if not parents:
-            self.scheduler.update_from_output(scheduler_output, [])
-            return []
-        children, child_rows = self._fork_children(scheduler_output)
-        if children:
-            logits = logits[torch.tensor(list(range(len(parents))) + child_rows)]
-        rows = parents + children
-        sampled, errors = sample_isolated(self.sampler, logits, rows, self.grammars.mask_function)
-        for row, error in errors.items():
-            self.output_processor.fail_sequence(rows[row].request_id, error, "sampling", failed)
-        updated = self.scheduler.update_from_output(scheduler_output, sampled.token_ids[:len(parents)])
-        updated += self._start_children(children, sampled.token_ids[len(parents):])
-        token_logprobs = {r.request_id: lp for r, lp in zip(rows, sampled.logprobs, strict=True)}
-        for request in updated:
-            if request.request_id in self.output_processor.sequences:
-                self.output_processor.guarded([self.output_processor.group_of(request.request_id)], "the grammar",
-                                              failed, self._accept_grammar, request)
-        return [(r, token_logprobs[r.request_id]) for r in updated if r.request_id in self.output_processor.sequences]
+    def _update(self, scheduler_output: SchedulerOutput, result: ModelRunnerOutput,
+                failed: list[RequestOutput]) -> list[TokenEvent]:
+        """Fail the requests whose own work failed, advance the scheduler, feed the grammars; returns the new
+        tokens of every sequence that received some."""
+        book = self.output_processor
+        for request_id, (phase, error) in result.errors.items():
+            book.fail_sequence(request_id, error, phase, failed)
+        book.record_prompt_logprobs(scheduler_output.prompt_logprob_positions, result.prompt_logprobs, failed)
+        updated = self.scheduler.update_from_output(scheduler_output, result.tokens_by_request())
+        logprobs = dict(zip(result.request_ids, result.logprobs, strict=True))
+        events = []
+        for request, num_new in updated:
+            if request.request_id in book.sequences:
+                book.guarded([book.group_of(request.request_id)], "the grammar", failed, self._accept_grammar,
+                             request)
+                entries = logprobs[request.request_id]
+                events.append(TokenEvent(request, request.output_token_ids[-num_new:],
+                                         entries[:num_new] if entries is not None else None))
+        return [e for e in events if e.request.request_id in book.sequences]
 
     def _accept_grammar(self, request: Request) -> None:
         if self.grammars.accept(request) and not request.is_finished:
@@ -229,41 +245,15 @@ class LLMEngine:
             self.output_processor.fail(group, error, "compiling the grammar", failed)
         return failed
 
-    def _fork_children(self, scheduler_output: SchedulerOutput) -> tuple[list[Request], list[int]]:
-        """Start the unforked sequences of groups whose first sequence samples its first token in this step."""
-        children: list[Request] = []
-        rows: list[int] = []
-        sampling_chunks = [chunk for chunk in scheduler_output.chunks if chunk.samples]
-        for row, chunk in enumerate(sampling_chunks):
-            group, sequence = self.output_processor.sequences[chunk.request_id]
-            if sequence.index != 0 or not group.unforked:
-                continue
-            for child in group.unforked:
-                # The forward has written the parent's K/V: copy its partial block now. (Deferring the copy to the
-                # next step would let a child that ends at once free its block and someone else reuse it.)
-                self.runner.kv_cache.copy_blocks(
-                    self.scheduler.fork_request(sequence.request, child.request, chunk.context_len))
-                if self.tracer is not None:
-                    self.tracer.fork(sequence.request, child.request, chunk.context_len)
-                children.append(child.request)
-                rows.append(row)
-            group.unforked = []
-        return children, rows
-
-    def _start_children(self, children: list[Request], token_ids: list[int]) -> list[Request]:
-        """Give forked sequences their first token (what `update_from_output` does for scheduled ones); children
-        of a group that failed in this step are already finished."""
-        now = time.monotonic()
-        started = [child for child in children if not child.is_finished]
-        for child, token_id in zip(children, token_ids, strict=True):
-            if not child.is_finished:
-                self.scheduler.append_token(child, token_id, now)
-        return started
-
     # -- stats -------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
         self.output_processor.check_invariants()
+
+    def close(self) -> None:
+        """Stop the worker process, if the worker runs in one."""
+        if isinstance(self.worker, WorkerProcess):
+            self.worker.close()
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

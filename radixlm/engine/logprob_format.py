@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from radixlm.core.step import TokenLogprobs
 from radixlm.engine.outputs import Logprob, PositionLogprobs
-from radixlm.sample.logprobs import TokenLogprobs
 
 
 class LogprobFormatter:

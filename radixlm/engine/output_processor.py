@@ -10,20 +10,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-
-import torch
+from dataclasses import dataclass
 
 from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import SchedulerOutput, TokenLogprobs
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.prompt_logprobs import record_prompt_logprobs
 from radixlm.engine.sequence_group import Sequence, SequenceGroup
 from radixlm.request import Request, RequestStatus
-from radixlm.sample.logprobs import TokenLogprobs
 from radixlm.trace.recorder import TraceRecorder
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TokenEvent:
+    """New tokens of one sequence in one step (the engine core's news for the output processor)."""
+
+    request: Request
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None  # one per token when the sequence needs them
 
 
 class OutputProcessor:
@@ -90,25 +98,36 @@ class OutputProcessor:
             except Exception:
                 logger.exception("request %s: the on_finish callback raised (ignored)", group.request_id)
 
-    def record_prompt_logprobs(self, positions: dict[str, tuple[int, int]], prompt_logits: dict[str, torch.Tensor],
-                               failed: list[RequestOutput]) -> None:
-        """Prompt logprobs of the positions computed this step (`prompt_logits[request_id]` holds their rows)."""
-        for request_id, (first, end) in positions.items():
-            if request_id in self.sequences:
+    def take_forks(self, scheduler_output: SchedulerOutput) -> list[tuple[Request, Request]]:
+        """(parent, child) for each sequence to fork in this step: the unforked sequences of groups whose first
+        sequence samples its first token now."""
+        forks = []
+        for chunk in scheduler_output.chunks:
+            if not chunk.samples or chunk.request_id not in self.sequences:
+                continue
+            group, sequence = self.sequences[chunk.request_id]
+            if sequence.index == 0 and group.unforked:
+                forks += [(sequence.request, child.request) for child in group.unforked]
+                group.unforked = []
+        return forks
+
+    def record_prompt_logprobs(self, positions: dict[str, tuple[int, int]],
+                               entries: dict[str, list[TokenLogprobs]], failed: list[RequestOutput]) -> None:
+        """Prompt logprobs of the positions computed this step (`entries[request_id]`, one per position)."""
+        for request_id in positions:
+            if request_id in self.sequences and request_id in entries:
                 group = self.sequences[request_id][0]
                 self.guarded([group], "prompt logprobs", failed, record_prompt_logprobs, group,
-                             prompt_logits[request_id], first, end, self.logprob_formatter)
+                             entries[request_id], self.logprob_formatter)
 
-    def record_tokens(self, updated: list[tuple[Request, TokenLogprobs | None]],
-                      failed: list[RequestOutput]) -> list[SequenceGroup]:
+    def record_tokens(self, events: list[TokenEvent], failed: list[RequestOutput]) -> list[SequenceGroup]:
         """Text, stop strings and logprobs of every new token; returns the groups with news."""
         touched: dict[str, SequenceGroup] = {}
-        for request, logprobs in updated:
-            if request.request_id not in self.sequences:
+        for event in events:
+            if event.request.request_id not in self.sequences:
                 continue  # failed in this step
-            group, sequence = self.sequences[request.request_id]
-            if self.guarded([group], "detokenizing or stop checks", failed, self._record_token, sequence,
-                            logprobs):
+            group, sequence = self.sequences[event.request.request_id]
+            if self.guarded([group], "detokenizing or stop checks", failed, self._record_tokens, sequence, event):
                 group.changed.add(sequence.index)
                 touched[group.request_id] = group
         return list(touched.values())
@@ -124,10 +143,21 @@ class OutputProcessor:
             return False
         return True
 
-    def _record_token(self, sequence: Sequence, logprobs: TokenLogprobs | None) -> None:
-        """Logprobs, text and stop strings of the sequence's newest token; finishes it on a stop string."""
+    def _record_tokens(self, sequence: Sequence, event: TokenEvent) -> None:
+        """Logprobs, text and stop strings of the sequence's new tokens; finishes it on a stop string (the tokens
+        after it are dropped)."""
         request = sequence.request
-        stop_string = sequence.add_token(logprobs, self.logprob_formatter)
+        first_index = request.num_output_tokens - len(event.token_ids)
+        stop_string = None
+        for i, token_id in enumerate(event.token_ids):
+            logprobs = event.logprobs[i] if event.logprobs is not None else None
+            is_last = i == len(event.token_ids) - 1
+            stop_string = sequence.add_token(token_id, first_index + i + 1, logprobs, self.logprob_formatter,
+                                             stopped_by_token=is_last and request.status is
+                                             RequestStatus.FINISHED_STOPPED)
+            if stop_string is not None:
+                request.truncate_output(first_index + i + 1)
+                break
         if stop_string is not None:
             if not request.is_finished:
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED, stop_string)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
-from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.step import SchedulerOutput, TokenLogprobs
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.sequence_group import Sequence, SequenceGroup
-from radixlm.sample.logprobs import prompt_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +35,8 @@ def prompt_logits_positions(scheduler_output: SchedulerOutput, sequences: Sequen
     return positions
 
 
-def record_prompt_logprobs(group: SequenceGroup, logits: torch.Tensor, first: int, end: int,
-                           formatter: LogprobFormatter) -> None:
-    """Append the logprobs of prompt positions `first .. end - 1`, computed this step (`logits` holds their rows),
-    to the group's `prompt_logprobs`."""
+def record_prompt_logprobs(group: SequenceGroup, entries: list[TokenLogprobs], formatter: LogprobFormatter) -> None:
+    """Append the logprobs of the prompt positions computed this step (the worker's `entries`) to the group's
+    `prompt_logprobs`."""
     assert group.prompt_logprobs is not None and group.params.prompt_logprobs is not None
-    entries = prompt_logprobs(logits, group.prompt_token_ids[first + 1:end + 1], group.params.prompt_logprobs)
     group.prompt_logprobs += [formatter.position(entry) for entry in entries]

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.core.step import TokenLogprobs
 from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.engine.text_stream import TextStream
-from radixlm.request import Request, RequestStatus
-from radixlm.sample.logprobs import TokenLogprobs
+from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 
 
@@ -38,17 +38,17 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def add_token(self, logprobs: TokenLogprobs | None, formatter: LogprobFormatter) -> str | None:
-        """Logprobs and text of the request's newest token; returns the stop string it completed, if any."""
-        request = self.request
+    def add_token(self, token_id: int, num_output_tokens: int, logprobs: TokenLogprobs | None,
+                  formatter: LogprobFormatter, stopped_by_token: bool) -> str | None:
+        """Logprobs and text of output token number `num_output_tokens` (1-based); returns the stop string it
+        completed, if any. `stopped_by_token`: the token finished the sequence (eos or a stop token id)."""
         if logprobs is not None:
             self.cumulative_logprob += logprobs.logprob
             if self.logprobs is not None:
                 self.logprobs.append(formatter.position(logprobs))
-        stopped_by_token = request.status is RequestStatus.FINISHED_STOPPED
-        if stopped_by_token and not request.sampling_params.include_stop_str_in_output:
+        if stopped_by_token and not self.request.sampling_params.include_stop_str_in_output:
             return None  # the stopping token's text is not shown
-        return self.text.add_token(request.last_token_id, request.num_output_tokens)
+        return self.text.add_token(token_id, num_output_tokens)
 
     def completion(self, index: int, finished_text: bool) -> CompletionOutput:
         """The cumulative state, with the part not reported before as `delta_*`."""

@@ -1,23 +1,24 @@
 """InputBatch: the tensors of one packed forward, built from a SchedulerOutput.
 
-All scheduled tokens of all requests form one `[1, T]` sequence. Per token: its id, its position in its own
+All scheduled tokens of all requests (the chunks of a SchedulerOutput, with the block tables the worker keeps) form
+one `[1, T]` sequence. Per token: its id, its position in its own
 request, and the slot its K/V are written to. Per request: which query rows are its own and which slots hold its
 context: a slice of the cache when the context is one run of blocks (the usual case, see BlockPool), otherwise the
 slot of every position, to gather.
 
-The rows whose logits the LM head computes (`logits_to_keep`) are the sampled rows (one per sampling request, in
-`SchedulerOutput.sampling_request_ids` order), then the prompt rows asked for prompt logprobs, request by request.
+The rows whose logits the LM head computes (`logits_to_keep`) are the sampled rows (the last `num_sampled`
+positions of each sampling chunk, chunk by chunk), then the prompt rows asked for prompt logprobs, request by request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from radixlm.core.block_pool import cdiv
-from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.step import ScheduledChunk
 from radixlm.model.decode_kernel import DecodeTables
 from radixlm.model.kv_cache import PagedKVCache
 
@@ -94,16 +95,17 @@ class AttentionMetadata:
 class InputBatch:
     input_ids: torch.Tensor      # [1, T]
     position_ids: torch.Tensor   # [1, T]
-    logits_indices: torch.Tensor  # [S + X] sampled rows (sampling_request_ids order), then the extra prompt rows
+    logits_indices: torch.Tensor  # [S + X] sampled rows (chunk order), then the extra prompt rows
     attn_metadata: AttentionMetadata
     num_sampled_rows: int = 0  # S
     extra_rows: dict[str, slice] = field(default_factory=dict)  # request id -> its slice of the logits after S
 
     @classmethod
-    def build(cls, output: SchedulerOutput, kv_cache: PagedKVCache,
+    def build(cls, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]], kv_cache: PagedKVCache,
               extra_logits_positions: Mapping[str, tuple[int, int]] | None = None,
               decode_kernel: bool = False) -> InputBatch:
-        """`extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
+        """`block_tables[request_id]`: the blocks of each chunk's request, covering its context.
+        `extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
         `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: also
         build the block tables of the C++ decode kernel."""
         block_size = kv_cache.block_size
@@ -118,24 +120,24 @@ class InputBatch:
         decode_contexts: list[slice | torch.Tensor] = []
         decode_tables: list[list[int]] = []
         prefills: list[PrefillSegment] = []
-        for chunk in output.chunks:
+        for chunk in chunks:
             chunk_row = len(token_ids)
             start, context_len = chunk.start_position, chunk.context_len
+            block_table = block_tables[chunk.request_id]
             token_ids.extend(chunk.token_ids)
             positions.extend(range(start, context_len))
-            context = _context_slots(chunk.block_table, context_len, block_size)
+            context = _context_slots(block_table, context_len, block_size)
             slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
                          else context[start:].tolist())
             if chunk.num_tokens == 1:
                 decode_rows.append(chunk_row)
                 decode_lens.append(context_len)
                 decode_contexts.append(context)
-                decode_tables.append(chunk.block_table)
+                decode_tables.append(block_table)
             else:
                 prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
                                                context_slots=context if start > 0 else None, context_len=context_len))
-            if chunk.samples:
-                logits_rows.append(len(token_ids) - 1)
+            logits_rows.extend(range(len(token_ids) - chunk.num_sampled, len(token_ids)))
             if extra_logits_positions and chunk.request_id in extra_logits_positions:
                 first, end = extra_logits_positions[chunk.request_id]
                 assert start <= first <= end <= context_len, (chunk, first, end)

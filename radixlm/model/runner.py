@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +11,7 @@ import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from radixlm.config import CacheConfig, ModelConfig
-from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import register_paged_attention
 from radixlm.model.decode_kernel import resolve_backend
 from radixlm.model.input_batch import InputBatch
@@ -44,15 +44,15 @@ class ModelShape:
 
 @dataclass
 class RunnerOutput:
-    """float32 logits: `logits[i]` of `SchedulerOutput.sampling_request_ids[i]`, and the prompt positions asked for
-    (request id -> `[end - first, vocab]`, row j being position `first + j`)."""
+    """float32 logits: the sampled rows (the last `num_sampled` positions of each chunk, chunk by chunk), and the
+    prompt positions asked for (request id -> `[end - first, vocab]`, row j being position `first + j`)."""
 
     logits: torch.Tensor
     prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelRunner:
-    """Owns the model and its paged KV cache; `execute` turns a SchedulerOutput into logits."""
+    """Owns the model and its paged KV cache; `execute` turns a step's chunks into logits."""
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
         if model_config.num_threads is not None:
@@ -71,13 +71,12 @@ class ModelRunner:
                                      self.shape.num_kv_heads, self.shape.head_dim, kv_dtype)
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput,
+    def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
                 prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None) -> RunnerOutput:
-        """Compute the scheduled chunks; return the logits of the sampled rows and of the prompt positions asked
-        for (`prompt_logits_positions[request_id] = (first, end)`, within that request's chunk)."""
-        if output.block_copies:
-            self.kv_cache.copy_blocks(output.block_copies)
-        batch = InputBatch.build(output, self.kv_cache, prompt_logits_positions,
+        """Compute the chunks (their requests' K/V live in `block_tables[request_id]`); return the logits of the
+        sampled rows and of the prompt positions asked for (`prompt_logits_positions[request_id] = (first, end)`,
+        within that request's chunk)."""
+        batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions,
                                  decode_kernel=self.attention_backend == "cpp")
         result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                             logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)

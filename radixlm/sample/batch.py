@@ -9,15 +9,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from radixlm.request import Request
 from radixlm.sample.rng import stream_key
+from radixlm.sampling_params import SamplingParams
 
 # Counts beyond any vocabulary or context mean the same as this cap, which int64 tensors can hold (Python's ints
 # are unbounded: a top_k of 10**30 would not fit a tensor).
 _INT_CAP = 2**62
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads of a request: the engine's `Request` and the worker's `WorkerRequest` both are one."""
+
+    request_id: str
+    sampling_params: SamplingParams
+    sampling_seed: int
+    eos_token_ids: frozenset[int]
+    all_token_ids: list[int]
+    num_prompt_tokens: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 def _rows(mask: list[bool]) -> torch.Tensor:
@@ -52,7 +70,7 @@ class SamplingBatch:
     num_top_logprobs: list[int]  # per logprob row: how many alternatives to return (0..20)
 
     @classmethod
-    def build(cls, requests: list[Request]) -> SamplingBatch:
+    def build(cls, requests: list[SamplingRequest]) -> SamplingBatch:
         params = [r.sampling_params for r in requests]
         greedy = [p.is_greedy for p in params]
         random = [r for r, g in zip(requests, greedy, strict=True) if not g]
@@ -101,13 +119,13 @@ class SamplingBatch:
         return tensor if len(rows) == self.num_rows else tensor[rows]
 
 
-def needs_token_logprob(request: Request) -> bool:
+def needs_token_logprob(request: SamplingRequest) -> bool:
     """The raw logprob of each sampled token is needed for `logprobs` and for ranking `best_of` sequences."""
     params = request.sampling_params
     return params.logprobs is not None or params.num_sequences > params.n
 
 
-def banned_until_min_tokens(request: Request) -> frozenset[int]:
+def banned_until_min_tokens(request: SamplingRequest) -> frozenset[int]:
     """The tokens that would stop the request (eos unless ignore_eos, and stop_token_ids)."""
     params = request.sampling_params
     eos = frozenset() if params.ignore_eos else request.eos_token_ids

@@ -7,23 +7,25 @@ from collections.abc import Callable
 
 import torch
 
-from radixlm.request import Request
+from radixlm.sample.batch import SamplingRequest
 from radixlm.sample.sampler import Sampler, SamplerOutput
 
-MaskFor = Callable[[list[Request]], Callable[[torch.Tensor], None] | None]
+MaskFor = Callable[[list[SamplingRequest]], Callable[[torch.Tensor], None] | None]
 
 
-def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[Request],
-                    mask_for: MaskFor) -> tuple[SamplerOutput, dict[int, Exception]]:
+def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRequest], mask_for: MaskFor,
+                    output_offsets: list[int] | None = None) -> tuple[SamplerOutput, dict[int, Exception]]:
     """Sample every row in one batched call. If that raises, sample each row alone from the untouched logits, so
     the rows that succeed get exactly the tokens the batched call gives them (every row's draw depends only on its
     own logits, parameters and stream). Returns the output (rows that failed hold token -1 and no logprobs) and the
     exception of each failed row.
 
-    `logits` is not modified; `mask_for(rows)` returns the grammar masking stage for those rows (or None).
+    `logits` is not modified; `mask_for(rows)` returns the grammar masking stage for those rows (or None);
+    `output_offsets` as for `Sampler`.
     """
+    offsets = output_offsets or [0] * len(requests)
     try:
-        return sampler(logits.clone(), requests, mask_for(requests)), {}
+        return sampler(logits.clone(), requests, mask_for(requests), offsets), {}
     except Exception:  # find the rows it belongs to
         pass
     token_ids: list[int] = []
@@ -31,7 +33,7 @@ def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[Reque
     errors: dict[int, Exception] = {}
     for row, request in enumerate(requests):
         try:
-            single = sampler(logits[row:row + 1].clone(), [request], mask_for([request]))
+            single = sampler(logits[row:row + 1].clone(), [request], mask_for([request]), offsets[row:row + 1])
         except Exception as error:
             errors[row] = error
             token_ids.append(-1)

@@ -6,20 +6,9 @@ token that was chosen (sampled, or the next prompt token), and the `num_top` mos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    """One position: the chosen token's logprob and rank, and the top alternatives, most likely first."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
+from radixlm.core.step import TokenLogprobs
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: list[int]) -> list[TokenLogprobs]:

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.request import Request
-from radixlm.sample.batch import SamplingBatch
+from radixlm.sample.batch import SamplingBatch, SamplingRequest
 from radixlm.sample.draw import draw_tokens
 from radixlm.sample.filters import NUM_CANDIDATES, filter_thresholds
 from radixlm.sample.finite import clean_logits_, greedy_tokens, rows_are_safe
@@ -48,18 +47,23 @@ class Sampler:
         self.num_candidates = num_candidates
         self.penalty_stats = PenaltyStats(vocab_size)
         self._batch: SamplingBatch | None = None
-        self._batch_requests: list[Request] = []  # held so that their id()s stay unique
+        self._batch_requests: list[SamplingRequest] = []  # held so that their id()s stay unique
 
     @torch.inference_mode()  # the runner's logits are inference tensors, and nothing here needs autograd
-    def __call__(self, logits: torch.Tensor, requests: list[Request],
-                 grammar_mask: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
-        """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b)."""
+    def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest],
+                 grammar_mask: Callable[[torch.Tensor], None] | None = None,
+                 output_offsets: list[int] | None = None) -> SamplerOutput:
+        """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b). A request may own
+        several rows (draft verification): `output_offsets[i]` says which of its next tokens row i draws (0: the
+        next one), so that token t of a sequence always takes uniform number t of its stream."""
         batch = self._batch_for(requests)
         raw_logprobs = None
         if len(batch.logprob_rows):
             # a new tensor: the logits are changed in place below
             raw_logprobs = torch.log_softmax(batch.rows_of(logits, batch.logprob_rows), dim=1)
-        num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
+        offsets = output_offsets or [0] * len(requests)
+        num_outputs = torch.tensor([r.num_output_tokens + offset for r, offset in zip(requests, offsets, strict=True)],
+                                   dtype=torch.long)
         self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):
@@ -73,7 +77,7 @@ class Sampler:
                 logprobs[row] = entry
         return SamplerOutput(token_ids.tolist(), logprobs)
 
-    def _batch_for(self, requests: list[Request]) -> SamplingBatch:
+    def _batch_for(self, requests: list[SamplingRequest]) -> SamplingBatch:
         same = self._batch is not None and len(requests) == len(self._batch_requests) and all(
             a is b for a, b in zip(requests, self._batch_requests, strict=True))
         if not same:
@@ -82,7 +86,7 @@ class Sampler:
         assert self._batch is not None
         return self._batch
 
-    def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[Request],
+    def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[SamplingRequest],
                        num_outputs: torch.Tensor, grammar_mask: Callable[[torch.Tensor], None] | None) -> None:
         """Stages 2-5: logit_bias, min_tokens bans, grammar masks, penalties."""
         if len(batch.bias_rows):

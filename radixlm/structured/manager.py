@@ -6,7 +6,6 @@ import copy
 import threading
 from concurrent.futures import Future
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.structured.backend import GrammarBackend, GrammarMatcher
@@ -26,7 +25,6 @@ class StructuredOutputs:
         self._stop_token_ids = stop_token_ids
         self._lock = threading.Lock()
         self._cache: GrammarCompileCache | None = None
-        self._bitmask: torch.Tensor | None = None
 
     @property
     def backend(self) -> GrammarBackend:
@@ -49,12 +47,3 @@ class StructuredOutputs:
 
     def new_matcher(self, compiled: object) -> GrammarMatcher:
         return self.backend.new_matcher(compiled)
-
-    def apply_masks(self, logits: torch.Tensor, rows: list[int], matchers: list[GrammarMatcher]) -> None:
-        """Mask `logits[rows[i]]` to what `matchers[i]` allows next; the other rows are left alone."""
-        backend = self.backend
-        if self._bitmask is None or self._bitmask.shape[0] < logits.shape[0]:
-            self._bitmask = backend.allocate_bitmask(max(logits.shape[0], 64))
-        for row, matcher in zip(rows, matchers, strict=True):
-            matcher.fill_bitmask(self._bitmask, row)
-        backend.apply_bitmask(logits, self._bitmask, rows)

@@ -7,7 +7,8 @@ Events (times in seconds from the start of the trace, monotonic clock):
 - `queued`, `abort`: a request entering the scheduler late, or aborted, before step `step`.
 - `step`: its index and start, the time spent scheduling, in the forward, sampling (with the token updates) and
   producing outputs; every chunk as [request id, start position, tokens]; preemptions and why each happened;
-  forks as [parent, child, context length]; the tokens sampled as [request id, token]; the sequences that ended
+  forks as [parent, child, context length]; the new tokens as [request id, token] (in order; a sequence may get
+  several in one step); the sequences that ended
   as [request id, status]; cache hits (tokens) of first admissions, blocks evicted, KV usage and the queue
   lengths after the step.
 - `finish`: a user request's end: reason, output tokens, TTFT and e2e, metadata.
@@ -23,8 +24,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from radixlm.config import EngineConfig
-from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import SchedulerOutput
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.sequence_group import SequenceGroup
 from radixlm.request import Request
@@ -43,7 +44,6 @@ class TraceRecorder:
                  eos_token_ids: frozenset[int]) -> None:
         self._file: IO[str] = Path(path).open("w", encoding="utf-8", buffering=1)  # noqa: SIM115  (one line an event, open for the engine's life)
         self._start = time.monotonic()
-        self._children: list[tuple[str, str, int]] = []
         self._evicted_seen = 0
         scheduler = {k: v for k, v in asdict(config.scheduler).items() if k != "trace"}
         self._write({"event": "config", "version": TRACE_VERSION, "model": config.model.model,
@@ -71,15 +71,13 @@ class TraceRecorder:
     def abort(self, request_id: str, step: int) -> None:
         self._write({"event": "abort", "time": self.time(), "step": step, "request_id": request_id})
 
-    def fork(self, parent: Request, child: Request, context_len: int) -> None:
-        self._children.append((parent.request_id, child.request_id, context_len))
-
     def step(self, index: int, marks: tuple[float, float, float, float, float], output: SchedulerOutput,
-             requests: list[Request], sampled: list[Request], scheduler: Scheduler, forward_failed: bool) -> None:
-        """`marks`: perf_counter at the start, after scheduling, after the forward, after sampling, at the end;
-        `requests`: those scheduled; `sampled`: those that received a token (forked children included)."""
-        children = [scheduler.requests.get(child) for _, child, _ in self._children]
-        everyone = requests + [c for c in children if c is not None]
+             requests: list[Request], sampled: list[tuple[str, list[int]]], scheduler: Scheduler,
+             forward_failed: bool) -> None:
+        """`marks`: perf_counter at the start, after scheduling, after the forward, after the token updates, at the
+        end; `requests`: those scheduled and those forked; `sampled`: (request id, new tokens) of each sequence
+        that received tokens."""
+        everyone = requests
         manager = scheduler.kv_cache_manager
         evicted = manager.num_evicted_blocks - self._evicted_seen
         self._evicted_seen = manager.num_evicted_blocks
@@ -91,15 +89,15 @@ class TraceRecorder:
             "sample_s": round(sampled_at - forwarded, 6), "outputs_s": round(end - sampled_at, 6),
             "chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
             "preempted": output.preempted_request_ids, "preemption_reasons": output.preemption_reasons,
-            "forks": self._children, "forward_failed": forward_failed,
-            "sampled": [[r.request_id, r.last_token_id] for r in sampled],
+            "forks": [[f.parent_id, f.child_id, by_id[f.parent_id].num_prompt_tokens] for f in output.forks],
+            "forward_failed": forward_failed,
+            "sampled": [[request_id, token] for request_id, token_ids in sampled for token in token_ids],
             "ended": [[r.request_id, r.status.name] for r in everyone if r.is_finished],
             "cache_hits": {c.request_id: c.start_position for c in output.chunks if c.start_position > 0 and
                            c.start_position == by_id[c.request_id].num_cached_tokens and
                            by_id[c.request_id].num_output_tokens == int(c.samples)},
             "evicted_blocks": evicted, "kv_used_blocks": manager.block_pool.num_used_blocks,
             "num_running": scheduler.num_running, "num_waiting": scheduler.num_waiting})
-        self._children = []
 
     def finish(self, group: SequenceGroup, output: RequestOutput) -> None:
         first = group.first.request

@@ -9,15 +9,14 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import SchedulerOutput
 from radixlm.request import Request, RequestStatus, sequence_id
 from radixlm.sampling_params import SamplingParams
 
@@ -124,20 +123,18 @@ def apply_recorded_tokens(state: ReplayState, output: SchedulerOutput, event: di
     """What the engine did after the forward of a recorded step: forks, sampled tokens, engine-side ends."""
     scheduler = state.scheduler
     ended = {seq_id: RequestStatus[status] for seq_id, status in event["ended"]}
-    tokens = dict(event["sampled"])
+    tokens: dict[str, list[int]] = {}
+    for seq_id, token in event["sampled"]:
+        tokens.setdefault(seq_id, []).append(token)
+    for parent, child, _ in event["forks"]:
+        scheduler.fork_request(state.requests[parent], state.requests[child], output)
     if event.get("forward_failed"):
         for seq_id, status in ended.items():
             state.end(seq_id, status)
         return
-    for parent, child, context_len in event["forks"]:
-        scheduler.fork_request(state.requests[parent], state.requests[child], context_len)
     for seq_id, status in ended.items():  # failed in sampling: ended before the tokens were appended
         if status is RequestStatus.FINISHED_ERROR and seq_id not in tokens:
             state.end(seq_id, status)
-    scheduler.update_from_output(output, [tokens.get(rid, 0) for rid in output.sampling_request_ids])
-    now = time.monotonic()
-    for _, child, _ in event["forks"]:
-        if child in tokens and child in scheduler.requests:
-            scheduler.append_token(state.requests[child], tokens[child], now)
+    scheduler.update_from_output(output, tokens)
     for seq_id, status in ended.items():
         state.end(seq_id, status)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from radixlm.core.outputs import SchedulerOutput
+from radixlm.core.step import SchedulerOutput
 from radixlm.request import RequestStatus
 from radixlm.trace.replay import ReplayState, Trace
 
@@ -134,12 +134,9 @@ def _stand_in_tokens(state: ReplayState, output: SchedulerOutput,
         if parent.num_output_tokens == 0 and parent.request_id in state.groups:  # sequence 0's first token
             for child_id in state.groups[parent.request_id][1:]:
                 if not state.requests[child_id].is_finished:
-                    scheduler.fork_request(parent, state.requests[child_id], parent.num_tokens)
+                    scheduler.fork_request(parent, state.requests[child_id], output)
                     children.append(state.requests[child_id])
-    scheduler.update_from_output(output, [_next_token(recorded, r) for r in sampling])
-    for child in children:
-        if child.request_id in scheduler.requests:
-            scheduler.append_token(child, _next_token(recorded, child), now)
+    scheduler.update_from_output(output, {r.request_id: [_next_token(recorded, r)] for r in sampling + children})
     for request in sampling + children:
         token_times.setdefault(request.request_id, []).append(now)
         tokens, status = recorded.get(request.request_id, ([], RequestStatus.FINISHED_LENGTH))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.outputs import SchedulerOutput
 from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import SchedulerOutput
 from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 
@@ -24,7 +24,7 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority
 
 def step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
     output = scheduler.schedule()
-    scheduler.update_from_output(output, [token_id] * len(output.sampling_request_ids))
+    scheduler.update_from_output(output, {request_id: [token_id] for request_id in output.sampling_request_ids})
     scheduler.check_invariants()
     return output
 

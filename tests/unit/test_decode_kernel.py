@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.core.step import ScheduledChunk, SchedulerOutput
 from radixlm.model.attention import paged_attention
 from radixlm.model.decode_kernel import DecodeTables, extension_error, resolve_backend
 from radixlm.model.input_batch import InputBatch
@@ -49,17 +49,18 @@ def _run(lengths: list[int], tables: list[list[int]], num_heads: int, head_dim: 
     cache = PagedKVCache(1, num_blocks, block_size, NUM_KV_HEADS, head_dim, kv_dtype)
     cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
     cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
-    chunks = [ScheduledChunk(f"r{i}", [1], n - 1, table, samples=True)
+    chunks = [ScheduledChunk(f"r{i}", [1], n - 1, table, num_sampled=1)
               for i, (n, table) in enumerate(zip(lengths, tables, strict=True))]
     if prefill_first:  # decodes whose query rows do not start at 0
-        chunks.insert(0, ScheduledChunk("prefill", [1, 2, 3], 0, [num_blocks - 1], samples=True))
+        chunks.insert(0, ScheduledChunk("prefill", [1, 2, 3], 0, [num_blocks - 1], num_sampled=1))
     output = SchedulerOutput(chunks=chunks)
     num_rows = sum(c.num_tokens for c in chunks)
     query = torch.randn(1, num_heads, num_rows, head_dim)
     key, value = torch.randn(2, 1, NUM_KV_HEADS, num_rows, head_dim)
     results = []
     for kernel in (False, True):
-        metadata = InputBatch.build(output, cache, decode_kernel=kernel).attn_metadata
+        metadata = InputBatch.build(output.chunks, {c.request_id: c.new_block_ids for c in output.chunks}, cache,
+                                    decode_kernel=kernel).attn_metadata
         assert (metadata.decode.tables is not None) == kernel
         out, _ = paged_attention(_Layer(), query, key, value, None, scaling=head_dim ** -0.5,
                                  sliding_window=sliding_window, softcap=softcap, radix_attn=metadata)

@@ -2,7 +2,7 @@
 
 import torch
 
-from radixlm.core.outputs import ScheduledChunk, SchedulerOutput
+from radixlm.core.step import ScheduledChunk, SchedulerOutput
 from radixlm.model.input_batch import InputBatch, _first_slot_if_contiguous
 from radixlm.model.kv_cache import PagedKVCache
 
@@ -19,12 +19,12 @@ def test_slots_of_runs_and_scattered_tables_agree():
     cache = PagedKVCache(num_layers=1, num_blocks=16, block_size=4, num_kv_heads=1, head_dim=2,
                          dtype=torch.float32)
     output = SchedulerOutput(chunks=[
-        ScheduledChunk("run", [1], 9, [3, 4, 5], samples=True),
-        ScheduledChunk("scattered", [1], 9, [3, 8, 5], samples=True),
-        ScheduledChunk("prefill-run", [1, 2, 3], 5, [10, 11], samples=True),
-        ScheduledChunk("prefill-scattered", [1, 2, 3], 5, [10, 2], samples=True),
+        ScheduledChunk("run", [1], 9, [3, 4, 5], num_sampled=1),
+        ScheduledChunk("scattered", [1], 9, [3, 8, 5], num_sampled=1),
+        ScheduledChunk("prefill-run", [1, 2, 3], 5, [10, 11], num_sampled=1),
+        ScheduledChunk("prefill-scattered", [1, 2, 3], 5, [10, 2], num_sampled=1),
     ])
-    batch = InputBatch.build(output, cache)
+    batch = InputBatch.build(output.chunks, {c.request_id: c.new_block_ids for c in output.chunks}, cache)
     decode = batch.attn_metadata.decode
     assert decode.slots(0, None) == slice(12, 22)
     assert decode.slots(0, 4) == slice(18, 22)

@@ -1,4 +1,3 @@
-import pickle
 
 import pytest
 
@@ -58,20 +57,6 @@ def test_preemption_keeps_first_scheduled_time_and_counts():
     request.transition(S.RUNNING, now=110.0)
     assert request.times.first_scheduled == 101.0
     assert request.num_preemptions == 1
-
-
-def test_compact_pickling_sends_prompt_once_then_only_the_last_token():
-    request = make(prompt_len=2000)
-    before = pickle.dumps(request)
-    copy = pickle.loads(before)
-    assert copy.all_token_ids == request.all_token_ids
-    request.append_output_token(42)
-    request.block_table = [3, 4]
-    after = pickle.dumps(request)
-    assert len(after) < len(before) / 4
-    worker_copy = pickle.loads(after)
-    assert worker_copy.all_token_ids is None
-    assert (worker_copy.last_token_id, worker_copy.num_tokens, worker_copy.block_table) == (42, 2001, [3, 4])
 
 
 def test_empty_prompt_is_rejected():

@@ -1,0 +1,153 @@
+"""The step contract: what the engine core sends the model worker each step, and what comes back. Plain data.
+
+One step is `SchedulerOutput` in, `ModelRunnerOutput` out, and nothing else crosses: a worker in another process
+needs only these two to pickle (`radixlm/worker/process.py`). The worker keeps its own state per request (token
+ids, sampling parameters and random stream, block table), created when a request first appears (`NewRequestData`,
+or `ForkedRequest` for sequences 1.. of n > 1) and updated by deltas: each `ScheduledChunk` carries only the tokens
+it computes and the blocks added since the worker last saw the request; requests that left (finished, aborted,
+failed, preempted) are named once and forgotten. So a running decode costs a few dozen bytes a step.
+
+Token progress (see `radixlm/request.py`): a chunk computes positions `start_position .. context_len - 1`. When it
+reaches the end of the request's tokens it samples: `num_sampled` rows, the last ones of the chunk. With draft
+tokens (speculative decoding) the chunk ends with `num_sampled - 1` drafts; row j verifies draft j, and the worker
+returns the drafts it accepted followed by one token of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """The tokens of one request whose K/V this step computes (`token_ids`, drafts included, at positions
+    `start_position ..`); `new_block_ids` extend the worker's block table of the request (its whole table when the
+    request is new to the worker); the logits of the last `num_sampled` positions are sampled (0: a prefill chunk
+    that does not reach the end of the prompt)."""
+
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    new_block_ids: list[int]
+    num_sampled: int
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        return self.start_position + len(self.token_ids)
+
+    @property
+    def samples(self) -> bool:
+        return self.num_sampled > 0
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return max(0, self.num_sampled - 1)
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """Everything the worker keeps about a request, sent on its first schedule (and again after a preemption):
+    its tokens so far, its sampling parameters as `SamplingParams.to_dict()`, its random stream's seed and the
+    token ids that end it (min_tokens bans them)."""
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: dict[str, Any]
+    sampling_seed: int
+    eos_token_ids: list[int]
+
+    @classmethod
+    def of(cls, request: Request) -> NewRequestData:
+        return cls(request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
+                   request.sampling_params.to_dict(), request.sampling_seed, sorted(request.eos_token_ids))
+
+
+@dataclass(slots=True)
+class ForkedRequest:
+    """Sequence `child_id` of an n > 1 request starts from `parent_id`'s prompt in this step: after the forward
+    the worker copies `block_copies` (the parent's partly filled last block, written by this forward), gives the
+    child `block_ids`, and samples the child's first token from the parent's last logits row with its own seed."""
+
+    parent_id: str
+    child_id: str
+    sampling_seed: int
+    block_ids: list[int]
+    block_copies: list[tuple[int, int, int]]
+
+
+@dataclass(slots=True)
+class GrammarBitmask:
+    """Allowed next tokens of the constrained sampling rows: row i of `bitmask` (int32 words, bit j of word w is
+    token 32 * w + j, set when allowed; a torch tensor) is the mask of `request_ids[i]`."""
+
+    request_ids: list[str]
+    bitmask: Any
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work: the chunks to run (decodes first), what the scheduler did on the way, and what the worker
+    applies besides (KV block copies, forks, prompt-logprob positions, grammar masks)."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # left since the last step: the worker forgets
+    trimmed_block_tables: dict[str, int] = field(default_factory=dict)  # request id -> table length it keeps
+    preempted_request_ids: list[str] = field(default_factory=list)
+    preemption_reasons: list[str] = field(default_factory=list)  # one per preempted request: why
+    block_copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_tokens) before the forward
+    forks: list[ForkedRequest] = field(default_factory=list)
+    prompt_logprob_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (first, end)
+    grammar_bitmask: GrammarBitmask | None = None
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(len(chunk.token_ids) for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def sampling_request_ids(self) -> list[str]:
+        """The requests that receive tokens this step, in the order of `ModelRunnerOutput`: the sampling chunks,
+        then the forked children."""
+        return [chunk.request_id for chunk in self.chunks if chunk.samples] + [fork.child_id for fork in self.forks]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position of the raw model distribution: the chosen token's logprob and rank (1 = most likely), and the
+    top alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one step produced. Per request of `SchedulerOutput.sampling_request_ids` (same order): its new tokens
+    (one, or the accepted drafts and one more) and their logprobs (None unless asked); the prompt logprobs of the
+    positions asked for; and the exception of each request whose own work failed (sampling, prompt logprobs): that
+    request fails alone, its tokens are not used."""
+
+    request_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    errors: dict[str, tuple[str, BaseException]] = field(default_factory=dict)  # id -> (phase, exception)
+
+    def tokens_by_request(self) -> dict[str, list[int]]:
+        return {rid: tokens for rid, tokens in zip(self.request_ids, self.sampled_token_ids, strict=True)
+                if rid not in self.errors}

@@ -1,0 +1,154 @@
+"""ModelWorker: one step in, its sampled tokens out (`SchedulerOutput` -> `ModelRunnerOutput`).
+
+Per step: forget the requests that left, learn the new ones, extend block tables; apply the KV block copies; run
+the forward (`ModelRunner`); fork n > 1 children; sample every row (a request verifying drafts owns several rows);
+keep the accepted tokens; compute the prompt logprobs asked for. An exception in the forward propagates (the
+engine fails that batch); one in a request's own work (its sampling row, its prompt logprobs) is returned for that
+request alone, and the worker drops its state when the engine names it finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixlm.config import CacheConfig, ModelConfig
+from radixlm.core.step import GrammarBitmask, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from radixlm.model.runner import ModelRunner
+from radixlm.sample.bitmask import apply_token_bitmask_
+from radixlm.sample.isolated import sample_isolated
+from radixlm.sample.logprobs import prompt_logprobs
+from radixlm.sample.sampler import Sampler, SamplerOutput
+from radixlm.worker.request_state import WorkerRequest
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What the engine needs to know of the worker's model and cache."""
+
+    num_kv_blocks: int
+    num_kv_slots: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    model_eos_token_ids: frozenset[int]  # named by the model's generation config and config
+
+
+class ModelWorker:
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        self.runner = ModelRunner(model_dir, model_config, cache_config)
+        self.sampler = Sampler(self.runner.shape.vocab_size)
+        self.requests: dict[str, WorkerRequest] = {}
+
+    def info(self) -> WorkerInfo:
+        model, shape = self.runner.model, self.runner.shape
+        eos: set[int] = set()
+        for source in (model.generation_config, model.config):
+            value = getattr(source, "eos_token_id", None)
+            eos.update([value] if isinstance(value, int) else value or [])
+        return WorkerInfo(self.runner.kv_cache.num_blocks, self.runner.kv_cache.num_slots, shape.vocab_size,
+                          shape.max_position_embeddings, frozenset(eos))
+
+    @torch.inference_mode()
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(step)
+        kv_cache = self.runner.kv_cache
+        if step.block_copies:
+            kv_cache.copy_blocks(step.block_copies)
+        tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
+        result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions)
+        parent_rows: dict[str, int] = {}  # a sampling request -> its last logits row
+        rows: list[WorkerRequest] = []
+        offsets: list[int] = []
+        for chunk in step.chunks:
+            request = self.requests[chunk.request_id]
+            for offset in range(chunk.num_sampled):
+                rows.append(request)
+                offsets.append(offset)
+            if chunk.samples:
+                parent_rows[chunk.request_id] = len(rows) - 1
+        logits = result.logits
+        for fork in step.forks:  # the forward wrote the parent's partial block: copy it now
+            kv_cache.copy_blocks(fork.block_copies)
+            self.requests[fork.child_id] = self.requests[fork.parent_id].fork(fork)
+            rows.append(self.requests[fork.child_id])
+            offsets.append(0)
+        if step.forks:
+            logits = logits[torch.tensor(list(range(len(logits))) +
+                                         [parent_rows[fork.parent_id] for fork in step.forks])]
+        sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(step.grammar_bitmask), offsets)
+        output = ModelRunnerOutput()
+        output.errors = {rows[row].request_id: ("sampling", error) for row, error in row_errors.items()}
+        self._keep_tokens(step, sampled, output)
+        self._prompt_logprobs(step, result.prompt_logits, output)
+        return output
+
+    def _update_states(self, step: SchedulerOutput) -> None:
+        for request_id in (*step.finished_request_ids, *step.preempted_request_ids):
+            self.requests.pop(request_id, None)
+        for data in step.new_requests:
+            self.requests[data.request_id] = WorkerRequest.from_new(data)
+        for request_id, num_blocks in step.trimmed_block_tables.items():
+            if request_id in self.requests:
+                del self.requests[request_id].block_table[num_blocks:]
+        for chunk in step.chunks:
+            self.requests[chunk.request_id].block_table.extend(chunk.new_block_ids)
+
+    def _keep_tokens(self, step: SchedulerOutput, sampled: SamplerOutput, output: ModelRunnerOutput) -> None:
+        """Per sampling request: its tokens (verified drafts, then the first token of its own) and logprobs."""
+        row = 0
+        spans = [(chunk.request_id, chunk.num_sampled, chunk.token_ids[chunk.num_tokens - chunk.num_draft_tokens:])
+                 for chunk in step.chunks if chunk.samples]
+        spans += [(fork.child_id, 1, []) for fork in step.forks]
+        for request_id, num_rows, draft_token_ids in spans:
+            token_ids = sampled.token_ids[row:row + num_rows]
+            logprobs = sampled.logprobs[row:row + num_rows]
+            row += num_rows
+            num_kept = accepted_length(draft_token_ids, token_ids)
+            output.request_ids.append(request_id)
+            output.sampled_token_ids.append(token_ids[:num_kept])
+            output.logprobs.append(None if logprobs[0] is None else logprobs[:num_kept])  # type: ignore[arg-type]
+            if request_id not in output.errors:
+                self.requests[request_id].all_token_ids.extend(token_ids[:num_kept])
+
+    def _prompt_logprobs(self, step: SchedulerOutput, logits: dict[str, torch.Tensor],
+                         output: ModelRunnerOutput) -> None:
+        for request_id, (first, end) in step.prompt_logprob_positions.items():
+            request = self.requests[request_id]
+            try:
+                entries: list[TokenLogprobs] = prompt_logprobs(
+                    logits[request_id], request.all_token_ids[first + 1:end + 1],
+                    request.sampling_params.prompt_logprobs or 0)
+            except Exception as error:
+                output.errors.setdefault(request_id, ("prompt logprobs", error))
+                continue
+            output.prompt_logprobs[request_id] = entries
+
+
+def accepted_length(draft_token_ids: list[int], sampled_token_ids: list[int]) -> int:
+    """How many sampled tokens a request keeps: row j's token stands while every draft before it matched the token
+    sampled in its place (row j was computed after draft j-1, so it is valid only if that draft was right).
+    Sampling each row from the model's distribution with the sequence's own uniform number for that position,
+    and keeping a draft only where it equals the sample, gives exactly the tokens plain decoding would."""
+    num_kept = 1
+    for draft, token in zip(draft_token_ids, sampled_token_ids, strict=False):
+        if draft != token:
+            break
+        num_kept += 1
+    return num_kept
+
+
+def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest]], Callable[[torch.Tensor], None] | None]:
+    """The sampler's grammar stage for a list of rows: mask the rows whose request has a bitmask this step."""
+    def mask_for(rows: list[WorkerRequest]) -> Callable[[torch.Tensor], None] | None:
+        if grammar is None:
+            return None
+        index = {request_id: i for i, request_id in enumerate(grammar.request_ids)}
+        pairs = [(row, index[request.request_id]) for row, request in enumerate(rows) if request.request_id in index]
+        if not pairs:
+            return None
+        masks = grammar.bitmask[torch.tensor([i for _, i in pairs])]
+        return lambda logits: apply_token_bitmask_(logits, [row for row, _ in pairs], masks)
+    return mask_for
