@@ -17,6 +17,7 @@ from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.prefix_policy import InFlightPrefill, duplicates_in_flight_prefill, order_by_cached_prefix
 from radixlm.core.request_queue import PriorityWaitingQueue, WaitingQueue
 from radixlm.core.step import ForkedRequest, NewRequestData, ScheduledChunk, SchedulerOutput
+from radixlm.core.token_stops import check_token_stop, drafts_within_limits
 from radixlm.request import Request, RequestStatus
 
 
@@ -116,7 +117,8 @@ class Scheduler:
         for request in decoding + prefilling:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_uncomputed_tokens + len(self._drafts_within_limits(request)), budget)
+            num_drafts = len(drafts_within_limits(request, self.max_model_len))
+            num_new = min(request.num_uncomputed_tokens + num_drafts, budget)
             if num_new == 0:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
@@ -234,23 +236,12 @@ class Scheduler:
         token_ids = request.all_token_ids[start:start + num_new]
         num_sampled = 0
         if start + num_new >= request.num_tokens:
-            drafts = self._drafts_within_limits(request)[:start + num_new - request.num_tokens]
+            drafts = drafts_within_limits(request, self.max_model_len)[:start + num_new - request.num_tokens]
             token_ids += drafts
             num_sampled = 1 + len(drafts)
         new_block_ids = request.block_table[request.num_blocks_sent:]
         request.num_blocks_sent = len(request.block_table)
         return ScheduledChunk(request.request_id, token_ids, start, new_block_ids, num_sampled)
-
-    def _drafts_within_limits(self, request: Request) -> list[int]:
-        """The request's draft tokens that may be verified now: only at its last token, and no more than can be
-        kept (the context and max_tokens leave room for the drafts and one token after them)."""
-        if not request.draft_token_ids or request.num_uncomputed_tokens != 1:
-            return []
-        room = self.max_model_len - request.num_tokens
-        max_tokens = request.sampling_params.max_tokens
-        if max_tokens is not None:
-            room = min(room, max_tokens - request.num_output_tokens - 1)
-        return request.draft_token_ids[:max(0, room)]
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled_token_ids: Mapping[str, Sequence[int]]) -> list[tuple[Request, int]]:
@@ -339,21 +330,3 @@ def num_sequences_to_seat(request: Request) -> int:
     into all its sequences in the step that samples its first token, so it needs a seat for each. One that cannot
     have them all (more sequences than `max_num_seqs`) runs when nothing else does."""
     return request.sampling_params.num_sequences if request.num_output_tokens == 0 else 1
-
-
-def check_token_stop(request: Request, max_model_len: int) -> tuple[RequestStatus, int | None] | None:
-    """The token-level stop that the last appended token triggers: the context limit (always), then, once
-    min_tokens are out, eos, a stop token id or max_tokens."""
-    if request.num_tokens >= max_model_len:
-        return RequestStatus.FINISHED_LENGTH, None
-    params = request.sampling_params
-    if request.num_output_tokens < params.min_tokens:
-        return None
-    token_id = request.last_token_id
-    if not params.ignore_eos and token_id in request.eos_token_ids:
-        return RequestStatus.FINISHED_STOPPED, None
-    if token_id in params.stop_token_ids:
-        return RequestStatus.FINISHED_STOPPED, token_id
-    if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-        return RequestStatus.FINISHED_LENGTH, None
-    return None

@@ -29,10 +29,9 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
-from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.logprobs import LogprobFormatter, prompt_logits_positions
 from radixlm.engine.output_processor import OutputProcessor, TokenEvent
 from radixlm.engine.outputs import RequestOutput
-from radixlm.engine.prompt_logprobs import prompt_logits_positions
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
 from radixlm.request import Request, RequestStatus, sequence_id

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput, TokenLogprobs
 from radixlm.engine.grammars import GrammarTracker
-from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.logprobs import LogprobFormatter, record_prompt_logprobs
 from radixlm.engine.outputs import RequestOutput
-from radixlm.engine.prompt_logprobs import record_prompt_logprobs
 from radixlm.engine.sequence_group import Sequence, SequenceGroup
 from radixlm.request import Request, RequestStatus
 from radixlm.trace.recorder import TraceRecorder

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.core.step import TokenLogprobs
-from radixlm.engine.logprob_format import LogprobFormatter
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.engine.text_stream import TextStream
 from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixlm.engine.logprobs import LogprobFormatter
 
 
 @dataclass

@@ -1,14 +1,44 @@
-"""Prompt logprobs: which prompt positions need logits this step, and recording their logprobs on the group."""
+"""The engine's side of logprobs: the worker's raw `TokenLogprobs` as the outputs' `{token_id: Logprob}`
+dictionaries, and the prompt positions whose logprobs each step must compute.
+
+(The worker computes them: `radixlm/sample/logprobs.py`; the server shapes them for OpenAI: `server/logprobs.py`.)
+"""
 
 from __future__ import annotations
 
 import logging
 
+from transformers import PreTrainedTokenizerBase
+
 from radixlm.core.step import SchedulerOutput, TokenLogprobs
-from radixlm.engine.logprob_format import LogprobFormatter
+from radixlm.engine.outputs import Logprob, PositionLogprobs
 from radixlm.engine.sequence_group import Sequence, SequenceGroup
 
 logger = logging.getLogger(__name__)
+
+
+class LogprobFormatter:
+    """Decodes each token id once (a token's text alone, as OpenAI's `tokens` show it) and caches the text."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id]) if token_id < len(self._tokenizer) else ""
+            self._texts[token_id] = text
+        return text
+
+    def position(self, entry: TokenLogprobs) -> PositionLogprobs:
+        """The chosen token first, then the alternatives most likely first (the chosen one is not repeated)."""
+        position = {entry.token_id: Logprob(entry.logprob, entry.rank, self.token_text(entry.token_id))}
+        for rank, (token_id, logprob) in enumerate(zip(entry.top_token_ids, entry.top_logprobs, strict=True), 1):
+            if token_id not in position:
+                position[token_id] = Logprob(logprob, rank, self.token_text(token_id))
+        return position
+
 
 SequenceIndex = dict[str, tuple[SequenceGroup, Sequence]]  # scheduler request id -> its group and sequence
 
