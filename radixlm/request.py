@@ -51,7 +51,7 @@ _ALLOWED_TRANSITIONS: dict[RequestStatus, frozenset[RequestStatus]] = {
 }
 
 
-def sequence_id(request_id: str, index: int) -> str:
+def child_request_id(request_id: str, index: int) -> str:
     """The scheduler's id of sequence `index` of a user request (n > 1): the user's id for the first, a suffixed
     one for the others."""
     return request_id if index == 0 else f"{request_id}#{index}"

@@ -1,4 +1,4 @@
-"""Admission: a user request checked against the engine's limits and built into its SequenceGroup.
+"""Admission: a user request checked against the engine's limits and built into its ParentRequest.
 
 Every check that depends only on the request and the engine's configuration runs here, before anything is built
 for the request (a request asking for 10^9 sequences is refused without building one).
@@ -13,9 +13,9 @@ from collections.abc import Sequence as Seq
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
-from radixlm.engine.sequence_group import Sequence, SequenceGroup
+from radixlm.engine.parent_request import ParentRequest, RequestState
 from radixlm.engine.text_stream import TextStream
-from radixlm.request import Request, sequence_id
+from radixlm.request import Request, child_request_id
 from radixlm.sample.rng import mix_seed
 from radixlm.sampling_params import SamplingParams
 
@@ -41,7 +41,7 @@ def eos_token_ids(model_eos_token_ids: frozenset[int], tokenizer: PreTrainedToke
 
 
 class Admission:
-    """Builds the SequenceGroup of each new request; numbers arrivals (their order and unseeded random streams)."""
+    """Builds the ParentRequest of each new request; numbers arrivals (their order and unseeded random streams)."""
 
     def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                  eos_token_ids: frozenset[int]) -> None:
@@ -75,20 +75,21 @@ class Admission:
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
         return token_ids
 
-    def build_group(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, priority: int,
-                    arrival_time: float | None) -> SequenceGroup:
-        """The group of a checked request: one scheduler Request per sequence, each with its own random stream
-        (`seed + index`; an unseeded request's seed is mixed from the engine seed and its arrival number)."""
+    def build_parent(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, priority: int,
+                    arrival_time: float | None) -> ParentRequest:
+        """The parent of a checked request: one core Request per sequence (its child requests), each with its own
+        random stream (`seed + index`; an unseeded request's seed is mixed from the engine seed and its arrival
+        number)."""
         prompt_token_ids = self.tokenize(prompt)
         arrival_order = next(self._arrival_counter)
         seed = params.seed if params.seed is not None else mix_seed(self.engine_seed, arrival_order)
-        sequences = []
+        children = []
         for index in range(params.num_sequences):
-            request = Request(sequence_id(request_id, index), prompt_token_ids, params,
+            request = Request(child_request_id(request_id, index), prompt_token_ids, params,
                               eos_token_ids=self.eos_token_ids, arrival_order=arrival_order, priority=priority,
                               arrival_time=arrival_time, sampling_seed=seed + index)
-            sequences.append(Sequence(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
+            children.append(RequestState(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
                                       [] if params.logprobs is not None else None))
-        return SequenceGroup(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
-                             sequences, unforked=sequences[1:],
+        return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
+                             children, unforked=children[1:],
                              prompt_logprobs=[None] if params.prompt_logprobs is not None else None)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from radixlm.core.step import GrammarBitmask
-from radixlm.engine.sequence_group import SequenceGroup
+from radixlm.engine.parent_request import ParentRequest
 from radixlm.request import Request
 from radixlm.structured.backend import GrammarMatcher
 from radixlm.structured.manager import StructuredOutputs
@@ -29,38 +29,38 @@ logger = logging.getLogger(__name__)
 class GrammarTracker:
     def __init__(self, structured: StructuredOutputs) -> None:
         self.structured = structured
-        self._waiting: dict[str, tuple[SequenceGroup, Future[object]]] = {}  # request id -> group, compile
-        self._matchers: dict[str, GrammarMatcher] = {}  # scheduler request id -> its sequence's matcher
+        self._waiting: dict[str, tuple[ParentRequest, Future[object]]] = {}  # request id -> parent, compile
+        self._matchers: dict[str, GrammarMatcher] = {}  # child request id -> its matcher
 
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    def submit(self, group: SequenceGroup) -> bool:
-        """Start compiling the group's grammar; True if it is ready now (matchers attached). Raises the compile's
+    def submit(self, parent: ParentRequest) -> bool:
+        """Start compiling the parent's grammar; True if it is ready now (matchers attached). Raises the compile's
         ValueError if it already failed."""
-        spec = group.params.structured_outputs
+        spec = parent.params.structured_outputs
         assert spec is not None
         future = self.structured.submit(spec)  # type: ignore[arg-type]
         if future.done():
-            self._attach(group, future.result())  # raises ValueError for a bad grammar
+            self._attach(parent, future.result())  # raises ValueError for a bad grammar
             return True
-        self._waiting[group.request_id] = (group, future)
+        self._waiting[parent.request_id] = (parent, future)
         return False
 
-    def take_compiled(self) -> tuple[list[SequenceGroup], list[tuple[SequenceGroup, Exception]]]:
+    def take_compiled(self) -> tuple[list[ParentRequest], list[tuple[ParentRequest, Exception]]]:
         """Groups whose compile finished since the last call: (ready ones, failed ones with their error)."""
         ready, failed = [], []
-        for request_id, (group, future) in list(self._waiting.items()):
+        for request_id, (parent, future) in list(self._waiting.items()):
             if not future.done():
                 continue
             del self._waiting[request_id]
             error = future.exception()
             if error is None:
-                self._attach(group, future.result())
-                ready.append(group)
+                self._attach(parent, future.result())
+                ready.append(parent)
             else:
-                failed.append((group, error if isinstance(error, Exception) else RuntimeError(str(error))))
+                failed.append((parent, error if isinstance(error, Exception) else RuntimeError(str(error))))
         return ready, failed
 
     def wait(self, timeout: float) -> None:
@@ -68,9 +68,9 @@ class GrammarTracker:
         concurrent.futures.wait([f for _, f in self._waiting.values()], timeout=timeout,
                                 return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def _attach(self, group: SequenceGroup, compiled: object) -> None:
-        for sequence in group.sequences:
-            self._matchers[sequence.request.request_id] = self.structured.new_matcher(compiled)
+    def _attach(self, parent: ParentRequest, compiled: object) -> None:
+        for state in parent.children:
+            self._matchers[state.request.request_id] = self.structured.new_matcher(compiled)
 
     def bitmask(self, request_ids: list[str],
                 on_error: Callable[[str, Exception], object]) -> GrammarBitmask | None:
@@ -100,7 +100,7 @@ class GrammarTracker:
             return True
         return matcher.is_terminated()
 
-    def forget(self, group: SequenceGroup) -> None:
-        self._waiting.pop(group.request_id, None)
-        for sequence in group.sequences:
-            self._matchers.pop(sequence.request.request_id, None)
+    def forget(self, parent: ParentRequest) -> None:
+        self._waiting.pop(parent.request_id, None)
+        for state in parent.children:
+            self._matchers.pop(state.request.request_id, None)

@@ -8,9 +8,10 @@ worker must apply besides (forks of n > 1 sequences, prompt-logprob positions, g
 it and returns the new tokens (`ModelRunnerOutput`); the scheduler advances token progress and applies token stops;
 the output processor turns the new tokens into text, stop strings, logprobs and `RequestOutput`s.
 
-A user request is a `SequenceGroup`; each of its sequences is one scheduler `Request`. With n > 1 (or best_of)
-sequence 0 computes the prompt, and in the step where it samples its first token the others are forked from it:
-they share its prompt blocks and each draws its own first token from the same logits row, with its own stream.
+A user's request is a `ParentRequest` (`engine/parent_request.py`); each of its n sequences is one core `Request`
+(a child request). With n > 1 (or best_of) child 0 computes the prompt, and in the step where it samples its first
+token the others are forked from it: they share its prompt blocks and each draws its own first token from the same
+logits row, with its own stream.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from radixlm.engine.output_processor import OutputProcessor, TokenEvent
 from radixlm.engine.outputs import RequestOutput
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
-from radixlm.request import Request, RequestStatus, sequence_id
+from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder
@@ -95,21 +96,21 @@ class LLMEngine:
         """
         params = params or SamplingParams()
         self.admission.check_params(params)
-        ids = [sequence_id(request_id, i) for i in range(params.num_sequences)]
+        ids = [child_request_id(request_id, i) for i in range(params.num_sequences)]
         book = self.output_processor
-        taken = [i for i in [request_id, *ids] if i in book.groups or i in book.sequences]
+        taken = [i for i in [request_id, *ids] if i in book.parents or i in book.states]
         if taken:
             raise ValueError(f"request_id {taken[0]!r} is already in use")
-        group = self.admission.build_group(request_id, prompt, params, priority, arrival_time)
-        group.metadata, group.on_finish = dict(metadata) if metadata else None, on_finish
-        first = group.first.request
+        parent = self.admission.build_parent(request_id, prompt, params, priority, arrival_time)
+        parent.metadata, parent.on_finish = dict(metadata) if metadata else None, on_finish
+        first = parent.first.request
         self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
-        queued = params.structured_outputs is None or self.grammars.submit(group)
+        queued = params.structured_outputs is None or self.grammars.submit(parent)
         if queued:
             self.scheduler.add_request(first)
         if self.tracer is not None:
-            self.tracer.arrival(group, queued, self.num_steps)
-        book.add(group)
+            self.tracer.arrival(parent, queued, self.num_steps)
+        book.add(parent)
         return first
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
@@ -135,15 +136,15 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort every live sequence of a request; returns its final output, or None if it was not live."""
-        group = self.output_processor.groups.get(request_id)
-        if group is None:
+        parent = self.output_processor.parents.get(request_id)
+        if parent is None:
             return None
         if self.tracer is not None:
             self.tracer.abort(request_id, self.num_steps)
-        return self.output_processor.end_group(group, RequestStatus.FINISHED_ABORTED)
+        return self.output_processor.end_parent(parent, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.output_processor.groups)
+        return bool(self.output_processor.parents)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -186,10 +187,10 @@ class LLMEngine:
         for parent, child in self.output_processor.take_forks(scheduler_output):
             self.scheduler.fork_request(parent, child, scheduler_output)
         scheduler_output.prompt_logprob_positions = prompt_logits_positions(scheduler_output,
-                                                                            self.output_processor.sequences)
+                                                                            self.output_processor.states)
         scheduler_output.grammar_bitmask = self.grammars.bitmask(
             scheduler_output.sampling_request_ids,
-            lambda request_id, error: self.output_processor.fail_sequence(request_id, error, "the grammar", failed))
+            lambda request_id, error: self.output_processor.fail_request(request_id, error, "the grammar", failed))
 
     def _execute(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> ModelRunnerOutput | None:
         """The worker's step; if it raises, every request of the batch fails (None is returned)."""
@@ -200,7 +201,7 @@ class LLMEngine:
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
                 raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
             for request_id in scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]:
-                self.output_processor.fail_sequence(request_id, error, "the forward pass", failed)
+                self.output_processor.fail_request(request_id, error, "the forward pass", failed)
             self.check_invariants()
             return None
         self._num_failed_forwards = 0
@@ -212,19 +213,19 @@ class LLMEngine:
         tokens of every sequence that received some."""
         book = self.output_processor
         for request_id, (phase, error) in result.errors.items():
-            book.fail_sequence(request_id, error, phase, failed)
+            book.fail_request(request_id, error, phase, failed)
         book.record_prompt_logprobs(scheduler_output.prompt_logprob_positions, result.prompt_logprobs, failed)
         updated = self.scheduler.update_from_output(scheduler_output, result.tokens_by_request())
         logprobs = dict(zip(result.request_ids, result.logprobs, strict=True))
         events = []
         for request, num_new in updated:
-            if request.request_id in book.sequences:
-                book.guarded([book.group_of(request.request_id)], "the grammar", failed, self._accept_grammar,
+            if request.request_id in book.states:
+                book.guarded([book.parent_of(request.request_id)], "the grammar", failed, self._accept_grammar,
                              request)
                 entries = logprobs[request.request_id]
                 events.append(TokenEvent(request, request.output_token_ids[-num_new:],
                                          entries[:num_new] if entries is not None else None))
-        return [e for e in events if e.request.request_id in book.sequences]
+        return [e for e in events if e.request.request_id in book.states]
 
     def _accept_grammar(self, request: Request) -> None:
         if self.grammars.accept(request) and not request.is_finished:
@@ -235,13 +236,13 @@ class LLMEngine:
         if not self.grammars.num_waiting:
             return []
         ready, failed_compiles = self.grammars.take_compiled()
-        for group in ready:  # admitted against the queue limit when added
-            self.scheduler.add_request(group.first.request, check_queue_limit=False)
+        for parent in ready:  # admitted against the queue limit when added
+            self.scheduler.add_request(parent.first.request, check_queue_limit=False)
             if self.tracer is not None:
-                self.tracer.queued(group.request_id, self.num_steps)
+                self.tracer.queued(parent.request_id, self.num_steps)
         failed: list[RequestOutput] = []
-        for group, error in failed_compiles:
-            self.output_processor.fail(group, error, "compiling the grammar", failed)
+        for parent, error in failed_compiles:
+            self.output_processor.fail(parent, error, "compiling the grammar", failed)
         return failed
 
     # -- stats -------------------------------------------------------------------------------------------------

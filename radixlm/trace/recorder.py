@@ -27,7 +27,7 @@ from radixlm.config import EngineConfig
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput
 from radixlm.engine.outputs import RequestOutput
-from radixlm.engine.sequence_group import SequenceGroup
+from radixlm.engine.parent_request import ParentRequest
 from radixlm.request import Request
 
 TRACE_VERSION = 1
@@ -57,13 +57,13 @@ class TraceRecorder:
     def time(self, monotonic: float | None = None) -> float:
         return round((time.monotonic() if monotonic is None else monotonic) - self._start, 6)
 
-    def arrival(self, group: SequenceGroup, queued: bool, step: int) -> None:
-        first = group.first.request
+    def arrival(self, parent: ParentRequest, queued: bool, step: int) -> None:
+        first = parent.first.request
         self._write({"event": "arrival", "time": self.time(first.times.arrival), "step": step,
-                     "request_id": group.request_id, "prompt_len": len(group.prompt_token_ids),
-                     "prompt_hash": prompt_hash(group.prompt_token_ids), "prompt_token_ids": group.prompt_token_ids,
-                     "params": group.params.to_dict(), "priority": first.priority, "queued": queued,
-                     "metadata": group.metadata})
+                     "request_id": parent.request_id, "prompt_len": len(parent.prompt_token_ids),
+                     "prompt_hash": prompt_hash(parent.prompt_token_ids), "prompt_token_ids": parent.prompt_token_ids,
+                     "params": parent.params.to_dict(), "priority": first.priority, "queued": queued,
+                     "metadata": parent.metadata})
 
     def queued(self, request_id: str, step: int) -> None:
         self._write({"event": "queued", "time": self.time(), "step": step, "request_id": request_id})
@@ -99,14 +99,14 @@ class TraceRecorder:
             "evicted_blocks": evicted, "kv_used_blocks": manager.block_pool.num_used_blocks,
             "num_running": scheduler.num_running, "num_waiting": scheduler.num_waiting})
 
-    def finish(self, group: SequenceGroup, output: RequestOutput) -> None:
-        first = group.first.request
-        self._write({"event": "finish", "time": self.time(), "request_id": group.request_id,
+    def finish(self, parent: ParentRequest, output: RequestOutput) -> None:
+        first = parent.first.request
+        self._write({"event": "finish", "time": self.time(), "request_id": parent.request_id,
                      "reasons": [c.finish_reason for c in output.outputs], "error": output.error,
-                     "output_tokens": sum(s.request.num_output_tokens for s in group.sequences),
+                     "output_tokens": sum(s.request.num_output_tokens for s in parent.children),
                      "ttft": output.metrics.ttft, "e2e": output.metrics.e2e,
                      "first_token": self.time(first.times.first_token) if first.times.first_token else None,
-                     "metadata": group.metadata})
+                     "metadata": parent.metadata})
 
     def close(self) -> None:
         self._file.close()

@@ -17,7 +17,7 @@ from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput
-from radixlm.request import Request, RequestStatus, sequence_id
+from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 
 
@@ -44,7 +44,7 @@ class ReplayState:
     scheduler: Scheduler
     eos_token_ids: frozenset[int]
     requests: dict[str, Request] = field(default_factory=dict)  # sequence id -> request
-    groups: dict[str, list[str]] = field(default_factory=dict)  # user request id -> its sequence ids
+    parents: dict[str, list[str]] = field(default_factory=dict)  # user request id -> its sequence ids
 
     @classmethod
     def build(cls, config: dict[str, Any], **overrides: Any) -> ReplayState:
@@ -58,12 +58,12 @@ class ReplayState:
     def arrive(self, event: dict[str, Any], arrival_time: float | None = None) -> Request:
         """Build the request's sequences; returns the first (queued by the caller when it is)."""
         params = SamplingParams.from_dict(event["params"])
-        ids = [sequence_id(event["request_id"], i) for i in range(params.num_sequences)]
+        ids = [child_request_id(event["request_id"], i) for i in range(params.num_sequences)]
         for seq_id in ids:
             self.requests[seq_id] = Request(seq_id, event["prompt_token_ids"], params, self.eos_token_ids,
-                                            arrival_order=len(self.groups), priority=event["priority"],
+                                            arrival_order=len(self.parents), priority=event["priority"],
                                             arrival_time=arrival_time)
-        self.groups[event["request_id"]] = ids
+        self.parents[event["request_id"]] = ids
         return self.requests[ids[0]]
 
     def end(self, seq_id: str, status: RequestStatus) -> None:
@@ -74,7 +74,7 @@ class ReplayState:
             request.transition(status)  # never queued (an unforked sequence, a grammar still compiling)
 
     def abort(self, request_id: str) -> None:
-        for seq_id in self.groups.get(request_id, []):
+        for seq_id in self.parents.get(request_id, []):
             self.end(seq_id, RequestStatus.FINISHED_ABORTED)
 
 

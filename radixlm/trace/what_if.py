@@ -131,8 +131,8 @@ def _stand_in_tokens(state: ReplayState, output: SchedulerOutput,
     sampling = [state.requests[rid] for rid in output.sampling_request_ids]
     children = []
     for parent in sampling:
-        if parent.num_output_tokens == 0 and parent.request_id in state.groups:  # sequence 0's first token
-            for child_id in state.groups[parent.request_id][1:]:
+        if parent.num_output_tokens == 0 and parent.request_id in state.parents:  # sequence 0's first token
+            for child_id in state.parents[parent.request_id][1:]:
                 if not state.requests[child_id].is_finished:
                     scheduler.fork_request(parent, state.requests[child_id], output)
                     children.append(state.requests[child_id])

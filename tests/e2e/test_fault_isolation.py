@@ -83,7 +83,7 @@ def test_a_failing_detokenizer_fails_its_request_alone(model, baseline):
     engine = build_engine(model=model, **ENGINE)
     for request_id, prompt, params in REQUESTS:
         engine.add_request(request_id, prompt, params)
-    text = engine.output_processor.groups["victim"].first.text
+    text = engine.output_processor.parents["victim"].first.text
     add_token = text.add_token
     text.add_token = lambda token_id, n: add_token(token_id, n) if n < 4 else 1 / 0
     finished = drain(engine)

@@ -93,7 +93,7 @@ def test_a_chunk_of_known_tokens_is_verified_in_one_step(model, tiny_model_dir):
     while engine.has_unfinished_requests():
         engine.step()
         engine.check_invariants()
-    assert engine.output_processor.groups == {} and request.output_token_ids == reference
+    assert engine.output_processor.parents == {} and request.output_token_ids == reference
 
 
 def test_seeded_sampling_with_drafts_draws_the_tokens_of_plain_decoding(model):

@@ -1,8 +1,11 @@
-"""SequenceGroup: one user request and its n (or best_of) generated sequences, and the outputs built from them.
+"""The output side of a user's request: `ParentRequest` (the user's request, its n sequences and the outputs built
+from them) and `RequestState` (the output side of one sequence: text, logprobs, how it finished).
 
-Sequence 0 carries the user's request id and computes the prompt; sequences 1.. are forked from it when it samples
-its first token (`LLMEngine`), sharing its prompt blocks. Each sequence has its own random stream: `seed + index`
-(for an unseeded request, a seed mixed from the engine seed and the arrival number).
+Vocabulary (vLLM V1's): the engine core schedules `Request`s (`radixlm/request.py`), each one generated sequence.
+A user's request with n (or best_of) sequences is a `ParentRequest` with n child requests: child 0 carries the
+user's request id and computes the prompt; children 1.. (ids `id#1`, ...) are forked from it when it samples its
+first token, sharing its prompt blocks. Each child has its own random stream: `seed + index` (for an unseeded
+request, a seed mixed from the engine seed and the arrival number).
 With best_of > n nothing is streamed: the finished output holds the n sequences of highest cumulative logprob.
 """
 
@@ -23,8 +26,8 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Sequence:
-    """The engine's side of one generated sequence: its text, logprobs and how it finished."""
+class RequestState:
+    """The output side of one child request (`request`): its text, logprobs and how it finished."""
 
     index: int
     request: Request
@@ -71,13 +74,15 @@ class Sequence:
 
 
 @dataclass
-class SequenceGroup:
+class ParentRequest:
+    """A user's request: its prompt and parameters, its child requests' states, what was reported so far."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    sequences: list[Sequence]
-    unforked: list[Sequence]  # sequences 1.. until sequence 0 samples its first token
+    children: list[RequestState]
+    unforked: list[RequestState]  # sequences 1.. until sequence 0 samples its first token
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # grows as prompt positions are computed
     changed: set[int] = field(default_factory=set)  # indices of sequences with news since the last output
     error: str | None = None  # why the request failed (its sequences finished with "error")
@@ -85,16 +90,16 @@ class SequenceGroup:
     on_finish: Callable[[RequestOutput], object] | None = None  # run once with the final output
 
     @property
-    def first(self) -> Sequence:
-        return self.sequences[0]
+    def first(self) -> RequestState:
+        return self.children[0]
 
     @property
     def finished(self) -> bool:
-        return all(sequence.finished for sequence in self.sequences)
+        return all(state.finished for state in self.children)
 
     @property
     def ranks_sequences(self) -> bool:
-        return len(self.sequences) > self.params.n
+        return len(self.children) > self.params.n
 
     @property
     def prompt_logprobs_done(self) -> bool:
@@ -106,18 +111,18 @@ class SequenceGroup:
         if self.ranks_sequences:
             if not finished:
                 return None
-            best = sorted(self.sequences, key=lambda s: (-s.cumulative_logprob, s.index))[:self.params.n]
-            completions = [sequence.completion(rank, True) for rank, sequence in enumerate(best)]
+            best = sorted(self.children, key=lambda s: (-s.cumulative_logprob, s.index))[:self.params.n]
+            completions = [state.completion(rank, True) for rank, state in enumerate(best)]
         else:
-            completions = [self.sequences[i].completion(i, self.sequences[i].finished) for i in sorted(self.changed)]
+            completions = [self.children[i].completion(i, self.children[i].finished) for i in sorted(self.changed)]
         self.changed.clear()
         first = self.first.request
         times = first.times
         e2e = None
         if finished:
-            e2e = max(s.request.times.finished or times.arrival for s in self.sequences) - times.arrival
+            e2e = max(s.request.times.finished or times.arrival for s in self.children) - times.arrival
         metrics = RequestMetrics(arrival_time=times.arrival, queue_time=times.queue_time, ttft=times.ttft, e2e=e2e,
-                                 num_preemptions=sum(s.request.num_preemptions for s in self.sequences))
+                                 num_preemptions=sum(s.request.num_preemptions for s in self.children))
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                              outputs=completions, finished=finished, metrics=metrics,
                              num_cached_tokens=first.num_cached_tokens, error=self.error, metadata=self.metadata,
