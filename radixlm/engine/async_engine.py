@@ -286,6 +286,8 @@ class AsyncEngine:
             if isinstance(command, _Admission):
                 self._loop.call_soon_threadsafe(_resolve, command.done, error)  # type: ignore[union-attr]
         self._deliver([(stream, error) for stream in streams])
+        if engine is not None:
+            engine.close()
 
 
 def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
