@@ -7,6 +7,7 @@ named as vLLM and SGLang name them (`max_num_seqs` -> `--max-num-seqs`). Values 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -18,6 +19,7 @@ KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
+MAX_SPECULATIVE_TOKENS = 16
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
                "g": 1e9, "gb": 1e9, "gib": 2**30}
@@ -102,6 +104,51 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """`--speculative-config` (vLLM's keys): n-gram drafts ("prompt lookup") of up to `num_speculative_tokens`
+    tokens, continuing the most recent earlier occurrence of the longest n-gram (prompt_lookup_max down to
+    prompt_lookup_min tokens) that ends the sequence."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 2
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"speculative_config.method must be 'ngram', got {self.method!r}")
+        for name, low, high in (("num_speculative_tokens", 1, MAX_SPECULATIVE_TOKENS), ("prompt_lookup_max", 1, 64),
+                                ("prompt_lookup_min", 1, 64)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"speculative_config.{name} must be an integer in [{low}, {high}], got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
+                             f"prompt_lookup_max ({self.prompt_lookup_max})")
+
+    @classmethod
+    def parse(cls, value: str | dict[str, object]) -> SpeculativeConfig:
+        """From JSON text or a dict; unknown keys raise ValueError naming them. A lone prompt_lookup bound is
+        used for both (as vLLM does)."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"speculative_config is not valid JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"speculative_config has no key {sorted(unknown)[0]!r}")
+        values = dict(value)
+        if "prompt_lookup_max" in values and "prompt_lookup_min" not in values:
+            values["prompt_lookup_min"] = min(values["prompt_lookup_max"], cls.prompt_lookup_min)  # type: ignore
+        if "prompt_lookup_min" in values and "prompt_lookup_max" not in values:
+            values["prompt_lookup_max"] = max(values["prompt_lookup_min"], cls.prompt_lookup_max)  # type: ignore
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = field(default=128, metadata=_help("most sequences running at once (n > 1 takes n)"))
     max_num_batched_tokens: int = field(default=2048, metadata=_help(
@@ -116,6 +163,9 @@ class SchedulerConfig:
         "write one JSON line per arrival, step and finish to this file (radixlm replay / trace read it)"))
     max_sequences_per_request: int = field(default=64, metadata=_help(
         "most sequences one request may ask for (n, best_of); also capped by --max-num-seqs"))
+    speculative_config: str | dict[str, object] | None = field(default=None, metadata=_help(
+        'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, '
+        '"prompt_lookup_min": 2} (n-gram drafts from the sequence itself, verified exactly in the batch)'))
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -130,6 +180,13 @@ class SchedulerConfig:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         if self.max_sequences_per_request < 1:
             raise ValueError(f"max_sequences_per_request must be >= 1, got {self.max_sequences_per_request}")
+        if self.speculative_config is not None:
+            SpeculativeConfig.parse(self.speculative_config)
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed `speculative_config`, or None when speculation is off."""
+        return None if self.speculative_config is None else SpeculativeConfig.parse(self.speculative_config)
 
 
 @dataclass(frozen=True)

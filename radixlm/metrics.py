@@ -50,6 +50,10 @@ class SchedulerStats:
     num_step_chunks: int = 0
     step_seconds: float = 0.0
     num_steps: int = 0  # steps run so far (the dashboard shows each once)
+    num_spec_drafts: int = 0  # speculative decoding, cumulative: drafts verified, their tokens, those accepted
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 class EngineMetrics:
@@ -94,6 +98,13 @@ class EngineMetrics:
         self.requests_finished = Counter("radixlm:request_finished", "Finished requests by reason "
                                          "(stop, length, abort, error).", labelnames=[*labels, "finished_reason"],
                                          registry=self.registry)
+        self.spec_drafts = counter("radixlm:spec_decode_num_drafts", "Draft sequences verified.")
+        self.spec_draft_tokens = counter("radixlm:spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_accepted_tokens = counter("radixlm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.spec_accepted_per_pos = Counter("radixlm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft (0 = first).",
+                                             labelnames=[*labels, "position"], registry=self.registry)
+        self._spec_seen = SchedulerStats(0, 0, 0.0, 0.0, 0)
         self._model_name = model_name
         self.recent: deque[dict[str, float]] = deque(maxlen=RECENT_SAMPLES)  # for the dashboard
         self._num_generated = 0
@@ -142,6 +153,19 @@ class EngineMetrics:
         if stats.num_evicted_blocks > self._num_evicted_seen:
             self.evicted_blocks.inc(stats.num_evicted_blocks - self._num_evicted_seen)
         self._num_evicted_seen = stats.num_evicted_blocks
+        self._observe_spec(stats)
+
+    def _observe_spec(self, stats: SchedulerStats) -> None:
+        seen = self._spec_seen
+        self.spec_drafts.inc(stats.num_spec_drafts - seen.num_spec_drafts)
+        self.spec_draft_tokens.inc(stats.num_spec_draft_tokens - seen.num_spec_draft_tokens)
+        self.spec_accepted_tokens.inc(stats.num_spec_accepted_tokens - seen.num_spec_accepted_tokens)
+        before = seen.num_spec_accepted_tokens_per_pos
+        for position, count in enumerate(stats.num_spec_accepted_tokens_per_pos):
+            delta = count - (before[position] if position < len(before) else 0)
+            if delta or not before:
+                self.spec_accepted_per_pos.labels(self._model_name, str(position)).inc(delta)
+        self._spec_seen = stats
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -80,6 +80,10 @@ def _cmd_trace(args: argparse.Namespace) -> None:
                 args.workload_seed)
 
 
+SPEC_BASE = "--num-threads 2 --quantization int8"
+SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
+
+
 def _cmd_peers(args: argparse.Namespace) -> None:
     from radixlm.bench.peers import Case, bench_peers
 
@@ -201,6 +205,18 @@ def add_bench_commands(commands: Any) -> None:
     peers.add_argument("--peer-port", type=int, default=8002)
     peers.add_argument("--workload-seed", type=int, default=0)
     peers.set_defaults(handler=_cmd_peers)
+
+    spec = kinds.add_parser("spec", help="speculative decoding on and off, and llama-server, at concurrency 1 on an "
+                                         "input-grounded workload and on random prompts (bench peers' table)")
+    spec.add_argument("--radixlm", default=f"{SPEC_BASE};{SPEC_BASE} --speculative-config '{SPEC_CONFIG}'",
+                      help="';'-separated radixlm serve flag sets, one server each")
+    spec.add_argument("--cases", default="grounded@1:4,random@1:8",
+                      help="comma-separated WORKLOAD@CONCURRENCY:REQUESTS")
+    spec.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
+                      help="starts llama-server on the port given as its argument (empty: no peer)")
+    spec.add_argument("--peer-port", type=int, default=8002)
+    spec.add_argument("--workload-seed", type=int, default=0)
+    spec.set_defaults(handler=_cmd_peers)
 
     soak = kinds.add_parser("soak", help="hostile and ordinary requests at high concurrency; PASS if nothing broke")
     soak.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")

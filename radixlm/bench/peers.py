@@ -42,9 +42,9 @@ class Case:
         return f"{self.workload}, c={self.concurrency}"
 
     def spec(self, seed: int) -> WorkloadSpec:
-        """The issue's workloads: random 64-256 tokens in / 64 out; shared-prefix 4 x 8 questions on a 1,000-token
-        prefix, 32 out; multi-turn 4 rounds, 32-64 out."""
-        output_len = {"random": "64-64", "shared-prefix": "32-32"}.get(self.workload, "32-64")
+        """The issues' workloads: random 64-256 tokens in / 64 out; shared-prefix 4 x 8 questions on a 1,000-token
+        prefix, 32 out; multi-turn 4 rounds, 32-64 out; grounded: repeat a 300-token passage, 256 out."""
+        output_len = {"random": "64-64", "shared-prefix": "32-32", "grounded": "256-256"}.get(self.workload, "32-64")
         return WorkloadSpec(num_prompts=self.num_requests, input_len=parse_range("64-256"),
                             output_len=parse_range(output_len), prefix_len=1000, seed=seed)
 
@@ -91,6 +91,14 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
 
 def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Case]) -> None:
     labels = list(columns)
+    own = [label for label in labels if label != "llama-server"]
+    if len(own) > 1:  # each later radixlm set against the first one
+        print("\n| case | " + " | ".join(f"{label} / {own[0]}" for label in own[1:]) + " |")
+        print("|---" * len(own) + "|")
+        for case in cases:
+            base = columns[own[0]][case]["output_tok_per_s"]
+            print(f"| {case.name} | " + " | ".join(f"{columns[label][case]['output_tok_per_s'] / base:.2f}x"
+                                                  for label in own[1:]) + " |")
     peer = columns.get("llama-server")
     header = " | ".join(f"{label} out tok/s (ITL p50 ms)" for label in labels)
     ratios = " | ".join(f"{label} / llama-server" for label in labels if label != "llama-server") if peer else ""

@@ -4,19 +4,24 @@ A session is one conversation: its turns run one after another (a turn starts wh
 complete); sessions run concurrently. `random` and `shared-prefix` sessions are single completions of token-id
 prompts with exact lengths; `multi-turn` sessions (`num_users` of them, `num_rounds` turns each) are chats whose
 history (earlier questions and the model's real answers) grows every turn, so the chat template's prefix is shared
-across turns as it is in real traffic.
+across turns as it is in real traffic. `grounded` sessions ask the model to repeat a passage of real text given in
+the prompt (about 300 tokens from `data/public_domain.txt`): an input-grounded task, where speculative decoding's
+n-gram drafts find their matches.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.bench.workload import non_special_ids, random_requests
 
-WORKLOADS = ("random", "shared-prefix", "multi-turn")
+WORKLOADS = ("random", "shared-prefix", "multi-turn", "grounded")
+TEXT_PATH = Path(__file__).parent / "data" / "public_domain.txt"
+PASSAGE_TOKENS = 300
 QUESTIONS_PER_PREFIX = 8
 DEFAULT_ROUNDS = 4
 QUESTION_LEN = 32
@@ -77,4 +82,14 @@ def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: Workload
             sessions.append(Session([first, *follow_ups], [output_len() for _ in range(spec.num_rounds)],
                                     chat=True))
         return sessions
+    if name == "grounded":
+        return [Session([f"Repeat the following passage exactly, word for word.\n\n{passage}"], [output_len()],
+                        chat=True) for passage in _passages(tokenizer, spec.num_prompts, rng)]
     raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+def _passages(tokenizer: PreTrainedTokenizerBase, count: int, rng: random.Random) -> list[str]:
+    """`count` passages of about PASSAGE_TOKENS tokens of the shipped text, starting at random paragraphs."""
+    token_ids = tokenizer.encode(TEXT_PATH.read_text(), add_special_tokens=False)
+    starts = [rng.randrange(0, max(1, len(token_ids) - PASSAGE_TOKENS)) for _ in range(count)]
+    return [tokenizer.decode(token_ids[start:start + PASSAGE_TOKENS]) for start in starts]

@@ -114,14 +114,20 @@ class Scheduler:
         decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
         scheduled: dict[str, ScheduledChunk] = {}
+        draft_budget = max(0, budget - len(decoding))  # drafts never take the token of another decode
         for request in decoding + prefilling:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_drafts = len(drafts_within_limits(request, self.max_model_len))
+            num_drafts = min(len(drafts_within_limits(request, self.max_model_len)), draft_budget)
+            request.draft_token_ids = request.draft_token_ids[:num_drafts]
             num_new = min(request.num_uncomputed_tokens + num_drafts, budget)
             if num_new == 0:
                 break
             while not self.kv_cache_manager.allocate_slots(request, num_new):
+                if num_drafts:  # speculation backs off before anyone is preempted
+                    request.draft_token_ids, num_drafts = [], 0
+                    num_new = min(request.num_uncomputed_tokens, budget)
+                    continue
                 victim = max(self.running, key=preemption_rank)
                 budget += self._preempt_scheduled(victim, scheduled, output,
                                                   f"out of KV blocks for {request.request_id}")
@@ -130,9 +136,13 @@ class Scheduler:
             else:
                 scheduled[request.request_id] = self._chunk(request, num_new)
                 budget -= num_new
+                draft_budget -= num_drafts
         if not output.preempted_request_ids:
             self._schedule_waiting(budget, scheduled, output)
         output.chunks = list(scheduled.values())
+        if not output.chunks:  # the worker hears nothing this step: keep the news for the next one
+            self._finished_request_ids = output.finished_request_ids + self._finished_request_ids
+            self._trimmed_block_tables = output.trimmed_block_tables | self._trimmed_block_tables
         if not output.chunks and not self.running and self.waiting and not output.preempted_request_ids:
             raise RuntimeError(f"scheduler made no progress with {len(self.waiting)} waiting requests and nothing "
                                f"running (first: {self.waiting.peek()!r}); this is a bug")

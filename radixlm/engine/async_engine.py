@@ -60,6 +60,7 @@ def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
     held = len({block_id for request in scheduler.running for block_id in request.block_table})
     num_used_blocks = held
     tree, step = manager.radix_cache, engine.last_scheduler_output
+    spec = engine.drafter.stats if engine.drafter is not None else None
     if not scheduler.requests:  # idle: every used block should be the tree's; any other one leaked
         tree_blocks = tree.block_refs() if tree is not None else {}
         num_used_blocks = pool.num_used_blocks - len(tree_blocks)
@@ -71,7 +72,10 @@ def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
                           num_tree_nodes=tree.num_nodes if tree else 0, num_tree_tokens=tree.num_tokens if tree else 0,
                           num_step_tokens=step.num_scheduled_tokens if step else 0,
                           num_step_chunks=len(step.chunks) if step else 0, step_seconds=engine.last_step_seconds,
-                          num_steps=engine.num_steps)
+                          num_steps=engine.num_steps, num_spec_drafts=spec.num_drafts if spec else 0,
+                          num_spec_draft_tokens=spec.num_draft_tokens if spec else 0,
+                          num_spec_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+                          num_spec_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos) if spec else ())
 
 
 class OutputStream:

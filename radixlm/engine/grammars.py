@@ -36,6 +36,11 @@ class GrammarTracker:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def constrained_request_ids(self) -> set[str]:
+        """The child requests whose tokens a grammar constrains."""
+        return set(self._matchers)
+
     def submit(self, parent: ParentRequest) -> bool:
         """Start compiling the parent's grammar; True if it is ready now (matchers attached). Raises the compile's
         ValueError if it already failed."""

@@ -37,6 +37,7 @@ from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
+from radixlm.spec.drafter import NgramDrafter
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder
 from radixlm.worker.process import WorkerProcess
@@ -76,6 +77,8 @@ class LLMEngine:
         self.tracer = TraceRecorder(config.scheduler.trace, config, info.num_kv_blocks,
                                     self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
         self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
+        speculative = config.scheduler.speculative
+        self.drafter = NgramDrafter(speculative) if speculative is not None else None
 
     @property
     def runner(self) -> ModelRunner:
@@ -157,6 +160,8 @@ class LLMEngine:
         """
         started = time.perf_counter()
         failed = self._admit_compiled_grammars()
+        if self.drafter is not None:
+            self.drafter.propose(self.scheduler.running, excluded=self.grammars.constrained_request_ids)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if self.grammars.num_waiting:
@@ -215,7 +220,10 @@ class LLMEngine:
         for request_id, (phase, error) in result.errors.items():
             book.fail_request(request_id, error, phase, failed)
         book.record_prompt_logprobs(scheduler_output.prompt_logprob_positions, result.prompt_logprobs, failed)
-        updated = self.scheduler.update_from_output(scheduler_output, result.tokens_by_request())
+        token_ids = result.tokens_by_request()
+        if self.drafter is not None:
+            self.drafter.record(scheduler_output, token_ids)
+        updated = self.scheduler.update_from_output(scheduler_output, token_ids)
         logprobs = dict(zip(result.request_ids, result.logprobs, strict=True))
         events = []
         for request, num_new in updated:

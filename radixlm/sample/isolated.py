@@ -13,19 +13,17 @@ from radixlm.sample.sampler import Sampler, SamplerOutput
 MaskFor = Callable[[list[SamplingRequest]], Callable[[torch.Tensor], None] | None]
 
 
-def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRequest], mask_for: MaskFor,
-                    output_offsets: list[int] | None = None) -> tuple[SamplerOutput, dict[int, Exception]]:
+def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRequest],
+                    mask_for: MaskFor) -> tuple[SamplerOutput, dict[int, Exception]]:
     """Sample every row in one batched call. If that raises, sample each row alone from the untouched logits, so
     the rows that succeed get exactly the tokens the batched call gives them (every row's draw depends only on its
     own logits, parameters and stream). Returns the output (rows that failed hold token -1 and no logprobs) and the
     exception of each failed row.
 
-    `logits` is not modified; `mask_for(rows)` returns the grammar masking stage for those rows (or None);
-    `output_offsets` as for `Sampler`.
+    `logits` is not modified; `mask_for(rows)` returns the grammar masking stage for those rows (or None).
     """
-    offsets = output_offsets or [0] * len(requests)
     try:
-        return sampler(logits.clone(), requests, mask_for(requests), offsets), {}
+        return sampler(logits.clone(), requests, mask_for(requests)), {}
     except Exception:  # find the rows it belongs to
         pass
     token_ids: list[int] = []
@@ -33,7 +31,7 @@ def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[Sampl
     errors: dict[int, Exception] = {}
     for row, request in enumerate(requests):
         try:
-            single = sampler(logits[row:row + 1].clone(), [request], mask_for([request]), offsets[row:row + 1])
+            single = sampler(logits[row:row + 1].clone(), [request], mask_for([request]))
         except Exception as error:
             errors[row] = error
             token_ids.append(-1)

@@ -51,19 +51,14 @@ class Sampler:
 
     @torch.inference_mode()  # the runner's logits are inference tensors, and nothing here needs autograd
     def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest],
-                 grammar_mask: Callable[[torch.Tensor], None] | None = None,
-                 output_offsets: list[int] | None = None) -> SamplerOutput:
-        """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b). A request may own
-        several rows (draft verification): `output_offsets[i]` says which of its next tokens row i draws (0: the
-        next one), so that token t of a sequence always takes uniform number t of its stream."""
+                 grammar_mask: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
+        """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b)."""
         batch = self._batch_for(requests)
         raw_logprobs = None
         if len(batch.logprob_rows):
             # a new tensor: the logits are changed in place below
             raw_logprobs = torch.log_softmax(batch.rows_of(logits, batch.logprob_rows), dim=1)
-        offsets = output_offsets or [0] * len(requests)
-        num_outputs = torch.tensor([r.num_output_tokens + offset for r, offset in zip(requests, offsets, strict=True)],
-                                   dtype=torch.long)
+        num_outputs = torch.tensor([r.num_output_tokens for r in requests], dtype=torch.long)
         self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):

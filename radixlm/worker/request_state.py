@@ -40,3 +40,25 @@ class WorkerRequest:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+
+class DraftRow:
+    """Sampling row j of a request verifying drafts: the request as it would be with its first j drafts kept, so
+    the row draws uniform number `num_output_tokens` of the request's stream and counts the drafts before it for
+    penalties and min_tokens, exactly as plain decoding would at that position."""
+
+    def __init__(self, request: WorkerRequest, draft_token_ids: list[int]) -> None:
+        self.request_id = request.request_id
+        self.sampling_params = request.sampling_params
+        self.sampling_seed = request.sampling_seed
+        self.eos_token_ids = request.eos_token_ids
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.all_token_ids = request.all_token_ids + draft_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens

@@ -22,7 +22,7 @@ from radixlm.sample.bitmask import apply_token_bitmask_
 from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import prompt_logprobs
 from radixlm.sample.sampler import Sampler, SamplerOutput
-from radixlm.worker.request_state import WorkerRequest
+from radixlm.worker.request_state import DraftRow, WorkerRequest
 
 
 @dataclass(frozen=True)
@@ -60,25 +60,23 @@ class ModelWorker:
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
         result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions)
         parent_rows: dict[str, int] = {}  # a sampling request -> its last logits row
-        rows: list[WorkerRequest] = []
-        offsets: list[int] = []
+        rows: list[WorkerRequest | DraftRow] = []
         for chunk in step.chunks:
             request = self.requests[chunk.request_id]
-            for offset in range(chunk.num_sampled):
-                rows.append(request)
-                offsets.append(offset)
             if chunk.samples:
+                rows.append(request)
+                drafts = chunk.token_ids[chunk.num_tokens - chunk.num_draft_tokens:]
+                rows += [DraftRow(request, drafts[:j]) for j in range(1, chunk.num_sampled)]
                 parent_rows[chunk.request_id] = len(rows) - 1
         logits = result.logits
         for fork in step.forks:  # the forward wrote the parent's partial block: copy it now
             kv_cache.copy_blocks(fork.block_copies)
             self.requests[fork.child_id] = self.requests[fork.parent_id].fork(fork)
             rows.append(self.requests[fork.child_id])
-            offsets.append(0)
         if step.forks:
             logits = logits[torch.tensor(list(range(len(logits))) +
                                          [parent_rows[fork.parent_id] for fork in step.forks])]
-        sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(step.grammar_bitmask), offsets)
+        sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(step.grammar_bitmask))
         output = ModelRunnerOutput()
         output.errors = {rows[row].request_id: ("sampling", error) for row, error in row_errors.items()}
         self._keep_tokens(step, sampled, output)
@@ -140,9 +138,10 @@ def accepted_length(draft_token_ids: list[int], sampled_token_ids: list[int]) ->
     return num_kept
 
 
-def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest]], Callable[[torch.Tensor], None] | None]:
+def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest | DraftRow]],
+                                                          Callable[[torch.Tensor], None] | None]:
     """The sampler's grammar stage for a list of rows: mask the rows whose request has a bitmask this step."""
-    def mask_for(rows: list[WorkerRequest]) -> Callable[[torch.Tensor], None] | None:
+    def mask_for(rows: list[WorkerRequest | DraftRow]) -> Callable[[torch.Tensor], None] | None:
         if grammar is None:
             return None
         index = {request_id: i for i, request_id in enumerate(grammar.request_ids)}
