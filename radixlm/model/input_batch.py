@@ -25,7 +25,8 @@ from radixlm.model.kv_cache import PagedKVCache
 
 @dataclass
 class DecodeGroup:
-    """Requests computing one token each (decodes)."""
+    """Query rows that attend as decodes: one token of a request over its context (a request verifying drafts has
+    one row per position, each over the context up to it)."""
 
     query_rows: torch.Tensor     # [B] rows of the packed batch
     context_lens: list[int]      # [B]
@@ -129,11 +130,14 @@ class InputBatch:
             context = _context_slots(block_table, context_len, block_size)
             slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
                          else context[start:].tolist())
-            if chunk.num_tokens == 1:
-                decode_rows.append(chunk_row)
-                decode_lens.append(context_len)
-                decode_contexts.append(context)
-                decode_tables.append(block_table)
+            if chunk.num_tokens == chunk.num_sampled:
+                # A decode, or one verifying drafts: each row attends like the decode of its position would, so
+                # drafted tokens get exactly the numbers plain decoding gives them.
+                for j in range(chunk.num_tokens):
+                    decode_rows.append(chunk_row + j)
+                    decode_lens.append(start + j + 1)
+                    decode_contexts.append(context if j == chunk.num_tokens - 1 else _prefix(context, start + j + 1))
+                    decode_tables.append(block_table)
             else:
                 prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
                                                context_slots=context if start > 0 else None, context_len=context_len))
@@ -153,6 +157,11 @@ class InputBatch:
         return cls(input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=position_tensor[None],
                    logits_indices=torch.tensor(logits_rows + extra_logits_rows, dtype=torch.long),
                    attn_metadata=metadata, num_sampled_rows=len(logits_rows), extra_rows=extra_rows)
+
+
+def _prefix(context: slice | torch.Tensor, length: int) -> slice | torch.Tensor:
+    """The slots of the first `length` positions of a context."""
+    return slice(context.start, context.start + length) if isinstance(context, slice) else context[:length]
 
 
 def _first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
