@@ -1,4 +1,4 @@
-"""Fixtures: one real server subprocess per test module (see harness.py)."""
+"""Fixtures: one in-process server per test module (see inprocess.py), reached like a `radixlm serve`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,20 @@ import pytest
 from tiny_models import build_tiny_model
 
 from server.harness import LONG_CONTEXT, ServerProcess, start_server
+from server.inprocess import InProcessServer
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
-    """One server per test module on the tiny random-weight Llama."""
+def tiny_server(tiny_model_dir) -> Iterator[InProcessServer]:
+    """One in-process server per test module on the tiny random-weight Llama."""
+    server = InProcessServer(tiny_model_dir("llama"), {"num_kv_blocks": 256, "block_size": 4})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def live_tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
+    """`tiny_server` behind a real socket (`radixlm serve` in a subprocess), for clients that need a URL."""
     server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("server"), "--num-kv-blocks", "256",
                           "--block-size", "4")
     yield server

@@ -1,32 +1,40 @@
-"""The app in this process: `InProcessApp` over httpx's ASGI transport (no sockets), `ThreadedServer` behind a
-real uvicorn on a loopback port (for connection-level behaviour: keep-alive, slow clients). Both run the app's
-lifespan, so the engine thread is real, and let tests patch code the app runs."""
+"""The app in this process: `InProcessApp` over httpx's ASGI transport (no sockets), `InProcessServer` the same
+app behind `ServerAccess` (what a `radixlm serve` subprocess offers tests: raw httpx, openai clients, metrics),
+`ThreadedServer` behind a real uvicorn on a loopback port (for connection-level behaviour: keep-alive, slow
+clients). All run the app's lifespan, so the engine thread is real, and let tests patch code the app runs.
+
+Over the ASGI transport a response arrives once the app has sent all of it: a stream is read whole and a client
+cannot disconnect mid-stream. Tests of disconnects, signals and exit codes keep a real server (harness.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
-from anyio.from_thread import start_blocking_portal
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from starlette.types import ASGIApp
 
 from radixlm.engine.llm_engine import build_engine
 from radixlm.server.api_server import create_app
 from radixlm.server.http_protocol import HeaderTimeoutH11Protocol
-from server.harness import free_port
+from server.harness import ServerAccess, free_port
 
 MODEL_NAME = "tiny"
 ENGINE_OPTIONS = {"num_kv_blocks": 256, "block_size": 4, "num_threads": 1}
 
 
-def tiny_app(model_dir: Path, engine_options: dict[str, Any] | None = None, **app_options: Any):
+def tiny_app(model_dir: Path, engine_options: dict[str, Any] | None = None, model_name: str = MODEL_NAME,
+             **app_options: Any):
     options = ENGINE_OPTIONS | (engine_options or {})
-    return create_app(lambda: build_engine(model=str(model_dir), **options), MODEL_NAME, **app_options)
+    return create_app(lambda: build_engine(model=str(model_dir), **options), model_name, **app_options)
 
 
 def wait_healthy(get, timeout: float = 120.0) -> None:
@@ -62,6 +70,73 @@ class InProcessApp:
 
     def close(self) -> None:
         self._stack.close()
+
+
+class _Chunks(httpx.AsyncByteStream):
+    """A request body already read, in the chunks it was sent in (a chunked upload stays chunked)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+class PortalTransport(httpx.BaseTransport):
+    """A synchronous httpx transport into an app living on a portal's event loop: each request runs there through
+    httpx's ASGI transport, so requests from several threads run concurrently, as they would against a server."""
+
+    def __init__(self, portal: BlockingPortal, app: ASGIApp) -> None:
+        self.portal = portal
+        self.asgi = httpx.ASGITransport(app=app)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.stream = _Chunks(list(request.stream))
+        return self.portal.call(self.send, request)
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """On the portal's loop: the app's response, its body read (still encoded, as off a socket)."""
+        response = await self.asgi.handle_async_request(request)
+        body = b"".join([part async for part in response.stream])
+        return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(body))
+
+
+class AsyncPortalTransport(httpx.AsyncBaseTransport):
+    """`PortalTransport` for async clients on another event loop (an `asyncio.run` in the test's thread)."""
+
+    def __init__(self, sync: PortalTransport) -> None:
+        self.sync = sync
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.stream = _Chunks([chunk async for chunk in request.stream])
+        # cancelling the wait (a client timeout) cancels the request's task on the app's loop
+        return await asyncio.wrap_future(self.sync.portal.start_task_soon(self.sync.send, request))
+
+
+class InProcessServer(ServerAccess):
+    """`radixlm serve --model MODEL_DIR` with the same engine and app options, in this process and reached over
+    the ASGI transport; the model's name is its directory, as the CLI names it."""
+
+    base_url = "http://app"
+
+    def __init__(self, model_dir: Path, engine_options: dict[str, Any] | None = None, api_key: str | None = None,
+                 **app_options: Any) -> None:
+        self.api_key = api_key
+        self.app = InProcessApp(model_dir, engine_options, model_name=str(model_dir), model_path=str(model_dir),
+                                api_key=api_key, **app_options)
+        self.transport = PortalTransport(self.app.portal, self.app.app)
+        self.http = self.http_client()
+
+    def sync_transport(self) -> httpx.BaseTransport:
+        return self.transport
+
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        return AsyncPortalTransport(self.transport)
+
+    def stop(self) -> None:
+        self.http.close()
+        self.app.close()
 
 
 class ThreadedServer:
