@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from tiny_models import build_tiny_model
 
-from server.harness import LONG_CONTEXT, ServerProcess, start_server
-from server.inprocess import InProcessServer
+from server.harness import LONG_CONTEXT
+from server.inprocess import InProcessServer, ThreadedServer
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +20,9 @@ def tiny_server(tiny_model_dir) -> Iterator[InProcessServer]:
 
 
 @pytest.fixture(scope="module")
-def live_tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
-    """`tiny_server` behind a real socket (`radixlm serve` in a subprocess), for clients that need a URL."""
-    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("server"), "--num-kv-blocks", "256",
-                          "--block-size", "4")
+def live_tiny_server(tiny_model_dir) -> Iterator[ThreadedServer]:
+    """`tiny_server` behind a real loopback socket (uvicorn in a thread), for clients that need a URL."""
+    server = ThreadedServer(tiny_model_dir("llama"), engine_options={"num_kv_blocks": 256, "block_size": 4})
     yield server
     server.stop()
 

@@ -139,25 +139,33 @@ class InProcessServer(ServerAccess):
         self.app.close()
 
 
-class ThreadedServer:
-    """uvicorn (our h11 protocol with its header deadline) serving the app on a free loopback port."""
+class ThreadedServer(ServerAccess):
+    """uvicorn (our h11 protocol with its header deadline) serving the app on a free loopback port from a thread:
+    a real socket (keep-alive, slow clients, disconnects, clients that need a URL) without a subprocess's start.
+    The model is named by its directory, as the CLI names it."""
 
-    def __init__(self, model_dir: Path, header_timeout: float = 10.0, **app_options: Any) -> None:
+    def __init__(self, model_dir: Path, header_timeout: float = 10.0, engine_options: dict[str, Any] | None = None,
+                 **app_options: Any) -> None:
         self.port = free_port()
-        self.app = tiny_app(model_dir, **app_options)
+        self.api_key = app_options.get("api_key")
+        app_options = {"model_name": str(model_dir), "model_path": str(model_dir)} | app_options
+        self.app = tiny_app(model_dir, engine_options, **app_options)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
                                 http=HeaderTimeoutH11Protocol.with_header_timeout(header_timeout))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        with httpx.Client(base_url=self.base_url) as client:
-            wait_healthy(client.get)
+        self.http = self.http_client()
+        wait_healthy(self.http.get)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:
+        self.http.close()
         self.app.state.async_engine.shutdown()
         self.server.should_exit = True
         self.thread.join(30)
+
+    stop = close
