@@ -1,4 +1,5 @@
-"""Start the real `radixlm serve` in a subprocess on a free loopback port and talk to it over HTTP."""
+"""`ServerAccess`, how tests reach a server wherever it runs; `start_server` runs the real `radixlm serve` in a
+subprocess on a free loopback port (for what only a process shows: startup, signals, exit codes, disconnects)."""
 
 from __future__ import annotations
 

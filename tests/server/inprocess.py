@@ -1,7 +1,8 @@
 """The app in this process: `InProcessApp` over httpx's ASGI transport (no sockets), `InProcessServer` the same
 app behind `ServerAccess` (what a `radixlm serve` subprocess offers tests: raw httpx, openai clients, metrics),
 `ThreadedServer` behind a real uvicorn on a loopback port (for connection-level behaviour: keep-alive, slow
-clients). All run the app's lifespan, so the engine thread is real, and let tests patch code the app runs.
+clients, and for clients that need a URL: bench serve, a browser). All run the app's lifespan, so the engine
+thread is real, and let tests patch code the app runs.
 
 Over the ASGI transport a response arrives once the app has sent all of it: a stream is read whole and a client
 cannot disconnect mid-stream. Tests of disconnects, signals and exit codes keep a real server (harness.py)."""
