@@ -10,6 +10,7 @@ cannot disconnect mid-stream. Tests of disconnects, signals and exit codes keep 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -84,6 +85,11 @@ class _Chunks(httpx.AsyncByteStream):
             yield chunk
 
 
+def read_timeout(request: httpx.Request) -> float | None:
+    """The client's read timeout, here a deadline for the whole response (which arrives in one piece)."""
+    return request.extensions.get("timeout", {}).get("read")
+
+
 class PortalTransport(httpx.BaseTransport):
     """A synchronous httpx transport into an app living on a portal's event loop: each request runs there through
     httpx's ASGI transport, so requests from several threads run concurrently, as they would against a server."""
@@ -94,7 +100,12 @@ class PortalTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.stream = _Chunks(list(request.stream))
-        return self.portal.call(self.send, request)
+        future = self.portal.start_task_soon(self.send, request)
+        done, _ = concurrent.futures.wait([future], timeout=read_timeout(request))
+        if not done:  # a hung app fails the test, as a socket's read timeout would
+            future.cancel()
+            raise httpx.ReadTimeout("no response within the read timeout", request=request)
+        return future.result()
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """On the portal's loop: the app's response, its body read (still encoded, as off a socket)."""
@@ -111,8 +122,13 @@ class AsyncPortalTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         request.stream = _Chunks([chunk async for chunk in request.stream])
-        # cancelling the wait (a client timeout) cancels the request's task on the app's loop
-        return await asyncio.wrap_future(self.sync.portal.start_task_soon(self.sync.send, request))
+        # cancelling the wait (the caller's or the timeout's) cancels the request's task on the app's loop
+        response = asyncio.wrap_future(self.sync.portal.start_task_soon(self.sync.send, request))
+        done, _ = await asyncio.wait({response}, timeout=read_timeout(request))
+        if not done:
+            response.cancel()
+            raise httpx.ReadTimeout("no response within the read timeout", request=request)
+        return response.result()
 
 
 class InProcessServer(ServerAccess):
