@@ -1,10 +1,10 @@
-"""Run an engine to completion while checking invariants, collecting every sequence's final state and deltas."""
+"""The one way tests run an engine: to completion, checking invariants after every step and that no KV block
+leaked at the end, collecting every sequence's final state and deltas."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from e2e.hf_reference import assert_all_blocks_released
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.outputs import CompletionOutput, RequestOutput
 from radixlm.sampling_params import SamplingParams
@@ -47,3 +47,18 @@ def drain(engine: LLMEngine) -> dict[str, Finished]:
     for result in results.values():
         assert result.output is not None and result.output.finished
     return results
+
+
+def output_token_ids(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """`run` with one `params` for every prompt; returns each prompt's output token ids, in prompt order."""
+    results = run(engine, [(f"req-{index}", prompt, params) for index, prompt in enumerate(prompts)])
+    return [results[f"req-{index}"].token_ids() for index in range(len(prompts))]
+
+
+def assert_all_blocks_released(engine: LLMEngine) -> None:
+    """With no live request, only the radix tree holds blocks; after evicting it, every block is free."""
+    manager = engine.scheduler.kv_cache_manager
+    tree_blocks = set(manager.radix_cache.block_refs()) if manager.radix_cache else set()
+    assert manager.block_pool.num_used_blocks == len(tree_blocks), "blocks leaked after all requests finished"
+    manager.reset_prefix_cache()
+    assert manager.num_free_blocks == manager.num_blocks, "blocks leaked after evicting the prefix cache"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from e2e.hf_reference import hf_greedy, run_engine
+from e2e.engine_runs import output_token_ids
+from e2e.hf_reference import hf_greedy
 from radixlm.config import DEFAULT_MODEL
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model.loader import resolve_model_dir
@@ -51,7 +52,7 @@ def references(chat_prompts):
 def test_default_model_greedy_matches_hf(scenario, chat_prompts, references):
     assert len({len(p) for p in chat_prompts}) == len(chat_prompts)
     engine = build_engine(**SCENARIOS[scenario])
-    outputs = run_engine(engine, chat_prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    outputs = output_token_ids(engine, chat_prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     assert outputs == references
     if scenario == "preemption":
         assert engine.scheduler.num_preemptions > 0

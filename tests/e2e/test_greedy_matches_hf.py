@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from e2e.hf_reference import hf_greedy, run_engine
+from e2e.engine_runs import output_token_ids
+from e2e.hf_reference import hf_greedy
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model.decode_kernel import extension_error
 from radixlm.sampling_params import SamplingParams
@@ -45,7 +46,7 @@ BACKENDS = [pytest.param("cpp", marks=pytest.mark.skipif(extension_error() is no
 def test_greedy_matches_hf_generate(arch, scenario, backend, tiny_model_dir, references):
     engine = build_engine(model=str(tiny_model_dir(arch)), attention_backend=backend, **SCENARIOS[scenario])
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
-    outputs = run_engine(engine, random_prompts(), params)
+    outputs = output_token_ids(engine, random_prompts(), params)
     assert outputs == references(arch)
     if scenario == "preemption":
         assert engine.scheduler.num_preemptions > 0, "the scenario did not force preemption"
@@ -57,7 +58,7 @@ def test_eos_stops_like_hf(tiny_model_dir):
     engine = build_engine(model=str(model_dir), num_kv_blocks=256, block_size=4)
     eos = engine.tokenizer.eos_token_id
     prompts = [[*p, eos] for p in prompts]  # eos in the prompt must not stop anything
-    outputs = run_engine(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    outputs = output_token_ids(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     assert outputs == [r[:r.index(eos) + 1] if eos in r else r for r in hf_greedy(model_dir, prompts, MAX_NEW)]
 
 
@@ -70,7 +71,7 @@ def test_bf16_kv_cache_runs_and_mostly_agrees(arch, backend, tiny_model_dir, ref
                           num_kv_blocks=256, block_size=4)
     assert engine.runner.kv_cache.key_caches[0].dtype == torch.bfloat16
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
-    outputs = run_engine(engine, random_prompts(), params)
+    outputs = output_token_ids(engine, random_prompts(), params)
     agreed = [next((i for i, (a, b) in enumerate(zip(out, ref, strict=True)) if a != b), MAX_NEW)
               for out, ref in zip(outputs, references(arch), strict=True)]
     print(f"{arch}/{backend} bf16 KV: tokens agreeing before the first difference: {agreed}")

@@ -4,7 +4,8 @@ depend on the rows it shares a forward with."""
 
 import pytest
 
-from e2e.hf_reference import hf_greedy, run_engine
+from e2e.engine_runs import output_token_ids
+from e2e.hf_reference import hf_greedy
 from e2e.test_greedy_matches_hf import MAX_NEW, SCENARIOS, random_prompts
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model.quantize import Int8Linear, quantize_model
@@ -35,6 +36,6 @@ def test_int8_greedy_matches_hf_int8(arch, scenario, tiny_model_dir, references)
     engine = build_engine(model=str(tiny_model_dir(arch)), quantization="int8", **SCENARIOS[scenario])
     assert isinstance(engine.runner.model.lm_head, Int8Linear)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
-    assert run_engine(engine, random_prompts(), params) == references(arch)
+    assert output_token_ids(engine, random_prompts(), params) == references(arch)
     if scenario == "preemption":
         assert engine.scheduler.num_preemptions > 0, "the scenario did not force preemption"

@@ -4,7 +4,8 @@ shared-prefix and multi-turn workloads, with hits ending mid-block, evictions un
 import pytest
 import torch
 
-from e2e.hf_reference import assert_all_blocks_released, hf_greedy, run_engine
+from e2e.engine_runs import assert_all_blocks_released, output_token_ids
+from e2e.hf_reference import hf_greedy
 from radixlm.engine.llm_engine import build_engine
 from radixlm.sampling_params import SamplingParams
 
@@ -40,7 +41,7 @@ def llama(tiny_model_dir):
 def test_shared_prefix_outputs_match_hf(config, llama):
     prompts = shared_prefix_prompts()
     engine = build_engine(model=str(llama), **CONFIGS[config])
-    assert run_engine(engine, prompts, GREEDY) == hf_greedy(llama, prompts, MAX_NEW)
+    assert output_token_ids(engine, prompts, GREEDY) == hf_greedy(llama, prompts, MAX_NEW)
     manager = engine.scheduler.kv_cache_manager
     if config == "cache-off":
         assert manager.stats.num_hit_tokens == 0
@@ -92,7 +93,7 @@ def test_in_batch_duplicates_wait_a_step_and_hit(llama):
     prefix = tokens(generator, 80)
     prompts = [prefix + tokens(generator, 3) for _ in range(4)]
     engine = build_engine(model=str(llama), num_kv_blocks=400, block_size=4)
-    assert run_engine(engine, prompts, GREEDY) == hf_greedy(llama, prompts, MAX_NEW)
+    assert output_token_ids(engine, prompts, GREEDY) == hf_greedy(llama, prompts, MAX_NEW)
     # the prefix is computed once: 80 + 4 x 3 suffix tokens (+1 per request for the partial-block boundary)
     assert engine.scheduler.num_computed_prompt_tokens <= 80 + 4 * 3 + 4
 
@@ -102,5 +103,5 @@ def test_preempted_request_resumes_from_its_own_cached_prefix(llama):
     prompts = [tokens(generator, 30) for _ in range(4)]
     engine = build_engine(model=str(llama), num_kv_blocks=30, block_size=4, max_num_batched_tokens=64)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
-    assert run_engine(engine, prompts, params) == hf_greedy(llama, prompts, 20)
+    assert output_token_ids(engine, prompts, params) == hf_greedy(llama, prompts, 20)
     assert engine.scheduler.num_preemptions > 0

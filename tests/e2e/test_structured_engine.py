@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from e2e.hf_reference import assert_all_blocks_released
+from e2e.engine_runs import assert_all_blocks_released
 from radixlm import LLM, SamplingParams
 from radixlm.core.scheduler import QueueFullError
 

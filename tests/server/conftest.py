@@ -1,4 +1,4 @@
-"""Fixtures: one real server subprocess per test module (see harness.py)."""
+"""Fixtures: one in-process server per test module (see inprocess.py), reached like a `radixlm serve`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,22 @@ from collections.abc import Iterator
 import pytest
 from tiny_models import build_tiny_model
 
-from server.harness import LONG_CONTEXT, ServerProcess, start_server
+from server.harness import LONG_CONTEXT
+from server.inprocess import InProcessServer, ThreadedServer
 
 
 @pytest.fixture(scope="module")
-def tiny_server(tiny_model_dir, tmp_path_factory) -> Iterator[ServerProcess]:
-    """One server per test module on the tiny random-weight Llama."""
-    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("server"), "--num-kv-blocks", "256",
-                          "--block-size", "4")
+def tiny_server(tiny_model_dir) -> Iterator[InProcessServer]:
+    """One in-process server per test module on the tiny random-weight Llama."""
+    server = InProcessServer(tiny_model_dir("llama"), {"num_kv_blocks": 256, "block_size": 4})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def live_tiny_server(tiny_model_dir) -> Iterator[ThreadedServer]:
+    """`tiny_server` behind a real loopback socket (uvicorn in a thread), for clients that need a URL."""
+    server = ThreadedServer(tiny_model_dir("llama"), engine_options={"num_kv_blocks": 256, "block_size": 4})
     yield server
     server.stop()
 

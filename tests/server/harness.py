@@ -1,4 +1,5 @@
-"""Start the real `radixlm serve` in a subprocess on a free loopback port and talk to it over HTTP."""
+"""`ServerAccess`, how tests reach a server wherever it runs; `start_server` runs the real `radixlm serve` in a
+subprocess on a free loopback port (for what only a process shows: startup, signals, exit codes, disconnects)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -26,31 +28,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass
-class ServerProcess:
-    """A running server: `client()` is an official openai client, `http` a raw httpx client for odd requests."""
+class ServerAccess:
+    """How a test reaches a server, wherever it runs: `http` is a raw httpx client carrying the API key (for odd
+    requests), `client()` / `async_client()` official openai clients, `metrics()` / `wait_for()` read /metrics.
+    A subclass sets `base_url` and `api_key`, and transports when the app is not behind a socket."""
 
-    process: subprocess.Popen
-    port: int
-    log_path: Path
-    api_key: str | None = None
-    http: httpx.Client = field(init=False)
+    base_url: str
+    api_key: str | None
+    http: httpx.Client
 
-    def __post_init__(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.http = httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
+    def sync_transport(self) -> httpx.BaseTransport | None:
+        return None  # httpx's own: a socket to base_url
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def async_transport(self) -> httpx.AsyncBaseTransport | None:
+        return None
 
-    def client(self, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "unused", max_retries=0,
-                             timeout=120, **kwargs)
+    def http_client(self, with_key: bool = True, **kwargs: Any) -> httpx.Client:
+        """A raw client on the server; `with_key=False` leaves the Authorization header out."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key and with_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, transport=self.sync_transport(),
+                            **kwargs)
+
+    def client(self, api_key: str | None = None, **kwargs: Any) -> openai.OpenAI:
+        transport = self.sync_transport()
+        http_client = httpx.Client(transport=transport) if transport else None
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key or self.api_key or "unused",
+                             max_retries=0, timeout=120, http_client=http_client, **kwargs)
 
     def async_client(self) -> openai.AsyncOpenAI:
+        transport = self.async_transport()
+        http_client = httpx.AsyncClient(transport=transport) if transport else None
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key or "unused", max_retries=0,
-                                  timeout=300)
+                                  timeout=300, http_client=http_client)
 
     def metrics(self) -> dict[str, float]:
         """Every sample as `name{label=value,...}` -> value (labels sorted, model_name left out)."""
@@ -60,6 +69,34 @@ class ServerProcess:
                 labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
                 samples[f"{sample.name}{{{labels}}}"] = sample.value
         return samples
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition") -> dict[str, float]:
+        """Poll /metrics until `predicate(metrics)` holds; returns the metrics that satisfied it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            metrics = self.metrics()
+            if predicate(metrics):
+                return metrics
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} did not happen within {timeout} s; metrics: {self.metrics()}")
+
+
+@dataclass
+class ServerProcess(ServerAccess):
+    """`radixlm serve` in a subprocess, reached over a loopback socket."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    api_key: str | None = None
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http = self.http_client()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -73,16 +110,6 @@ class ServerProcess:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()}")
-
-    def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition") -> dict[str, float]:
-        """Poll /metrics until `predicate(metrics)` holds; returns the metrics that satisfied it."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            metrics = self.metrics()
-            if predicate(metrics):
-                return metrics
-            time.sleep(0.05)
-        raise TimeoutError(f"{what} did not happen within {timeout} s; metrics: {self.metrics()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]

@@ -11,11 +11,11 @@ from radixlm.bench.serve_report import by_round
 from radixlm.bench.serve_workloads import WORKLOADS, WorkloadSpec
 
 
-def test_bench_serve_against_a_running_server(tiny_server, tiny_model_dir, tmp_path, capsys):
+def test_bench_serve_against_a_running_server(live_tiny_server, tiny_model_dir, tmp_path, capsys):
     spec = WorkloadSpec(num_prompts=8, input_len=(16, 48), output_len=(4, 8), prefix_len=64, seed=0)
     options = BenchOptions(list(WORKLOADS), spec, request_rate=50.0, max_concurrency=4,
                            output_json=str(tmp_path / "serve.json"), output_png=str(tmp_path / "serve.png"))
-    results = bench_serve(tiny_server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
+    results = bench_serve(live_tiny_server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
     assert [r.name for r in results] == list(WORKLOADS)
     for result in results:
         summary = result.summary()
@@ -33,11 +33,11 @@ def test_bench_serve_against_a_running_server(tiny_server, tiny_model_dir, tmp_p
     assert (tmp_path / "serve.png").stat().st_size > 10_000
 
 
-def test_multi_turn_users_and_rounds_report_ttft_by_round(tiny_server, tiny_model_dir, capsys):
+def test_multi_turn_users_and_rounds_report_ttft_by_round(live_tiny_server, tiny_model_dir, capsys):
     spec = WorkloadSpec(num_prompts=1, input_len=(16, 32), output_len=(2, 4), prefix_len=64, seed=0, num_users=3,
                         num_rounds=5)
     options = BenchOptions(["multi-turn"], spec, max_concurrency=3)
-    [result] = bench_serve(tiny_server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
+    [result] = bench_serve(live_tiny_server.base_url, {"model": str(tiny_model_dir("llama"))}, options)
     assert len(result.records) == 15 and result.summary()["failed"] == 0
     rounds = by_round(result)
     assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5] and all(r["requests"] == 3 for r in rounds)

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from radixlm.config import DEFAULT_MODEL
-from server.harness import ServerProcess, start_server
+from server.harness import ServerAccess, start_server
+from server.inprocess import InProcessServer
 
 TOPICS = ["the quick brown fox", "a paged KV cache", "continuous batching", "radix trees", "héllo wörld 你好",
           "import torch", "numbers 0123456789", "the lazy dog"]
@@ -37,7 +38,7 @@ async def ask(client, model: str, messages, max_tokens: int, stream: bool) -> st
     return "".join(parts)
 
 
-def check_concurrent_equals_alone(server: ServerProcess, count: int, max_tokens: int) -> dict[str, float]:
+def check_concurrent_equals_alone(server: ServerAccess, count: int, max_tokens: int) -> dict[str, float]:
     """Returns the metrics after the concurrent run."""
     model = server.client().models.list().data[0].id
     chats = conversations(count)
@@ -66,9 +67,9 @@ def check_concurrent_equals_alone(server: ServerProcess, count: int, max_tokens:
     return server.metrics()
 
 
-def test_32_concurrent_chats_equal_alone_tiny(tiny_model_dir, tmp_path):
+def test_32_concurrent_chats_equal_alone_tiny(tiny_model_dir):
     """A KV cache too small for all 32 at once: the batch preempts, and every answer still matches."""
-    server = start_server(tiny_model_dir("llama"), tmp_path, "--num-kv-blocks", "128", "--block-size", "4")
+    server = InProcessServer(tiny_model_dir("llama"), {"num_kv_blocks": 128, "block_size": 4})
     try:
         metrics = check_concurrent_equals_alone(server, count=32, max_tokens=24)
     finally:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from server.harness import REPO_ROOT, start_server
+from server.harness import REPO_ROOT
+from server.inprocess import ThreadedServer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = REPO_ROOT / "test-artifacts"
@@ -32,9 +33,8 @@ def numbers(dom: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("dashboard"), "--num-kv-blocks", "256",
-                          "--block-size", "4")
+def server(tiny_model_dir):
+    server = ThreadedServer(tiny_model_dir("llama"), engine_options={"num_kv_blocks": 256, "block_size": 4})
     yield server
     server.stop()
 

@@ -1,4 +1,5 @@
-"""Server lifecycle: answering while the model loads, and a graceful exit on SIGTERM / SIGINT."""
+"""Server lifecycle, on a real `radixlm serve` subprocess: answering while the model loads, a graceful exit on
+SIGTERM / SIGINT, exit 1 when the model does not load, and a client disconnecting mid-stream."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from server.harness import free_port, launch, start_server
+from server.harness import API_KEY, LONG_CONTEXT, free_port, launch, start_server
 
 HERE = __file__.rsplit("/", 1)[0]
 
@@ -76,3 +77,34 @@ def test_a_model_that_does_not_load_stops_the_server(tmp_path):
     server = launch(command, tmp_path / "server.log", port)
     assert server.process.wait(60) == 1
     assert "the engine could not start" in server.log() and "Traceback" not in server.log()
+
+
+@pytest.fixture
+def server(long_model_dir, tmp_path):
+    """test_errors.py's server as a subprocess: only a socket lets a client disconnect mid-stream."""
+    server = start_server(long_model_dir, tmp_path, "--max-num-seqs", "1", "--max-queued-requests", "1",
+                          "--max-request-bytes", "65536", "--num-kv-blocks", str(LONG_CONTEXT // 4 + 8),
+                          "--block-size", "4", api_key=API_KEY)
+    yield server
+    server.stop()
+
+
+def test_disconnect_mid_stream_frees_kv(server):
+    model = server.client().models.list().data[0].id
+    before = server.metrics()
+    body = {"model": model, "prompt": "the quick brown", "max_tokens": LONG_CONTEXT - 64, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    with server.http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        received = [next(lines) for _ in range(6)]
+        assert sum(line.startswith("data: {") for line in received) == 3
+        mid = server.metrics()
+        assert mid["radixlm:num_requests_running{}"] == 1 and mid["radixlm:kv_cache_usage_perc{}"] > 0
+    after = server.wait_for(lambda m: m["radixlm:num_requests_running{}"] == 0, what="abort after disconnect")
+    assert after["radixlm:kv_cache_usage_perc{}"] == before["radixlm:kv_cache_usage_perc{}"] == 0
+    aborted = "radixlm:request_finished_total{finished_reason=abort}"
+    assert after.get(aborted, 0) == before.get(aborted, 0) + 1
+    generated = after["radixlm:generation_tokens_total{}"] - before["radixlm:generation_tokens_total{}"]
+    assert generated < LONG_CONTEXT - 64, "the request ran to the end instead of being aborted"
+    # the freed blocks serve the next request
+    assert server.client().completions.create(model=model, prompt="hi", max_tokens=2).usage.completion_tokens == 2

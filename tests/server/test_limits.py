@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from server.harness import start_server
+from server.inprocess import InProcessServer
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("limits"), "--num-kv-blocks", "128",
-                          "--block-size", "4", "--max-num-seqs", "8", "--max-queued-requests", "4")
+def server(tiny_model_dir):
+    server = InProcessServer(tiny_model_dir("llama"), {"num_kv_blocks": 128, "block_size": 4, "max_num_seqs": 8,
+                                                       "max_queued_requests": 4})
     yield server
     server.stop()
 

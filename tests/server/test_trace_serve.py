@@ -10,13 +10,13 @@ import httpx
 from radixlm.bench.serve import BenchOptions, bench_serve
 from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.trace.replay import Trace, replay
-from server.harness import start_server
+from server.inprocess import ThreadedServer
 
 
 def test_a_served_multi_turn_trace_replays_exactly(long_model_dir, tiny_model_dir, tmp_path):
     trace_path = tmp_path / "serve-trace.jsonl"
-    server = start_server(long_model_dir, tmp_path, "--num-kv-blocks", "1100", "--block-size", "4",
-                          "--max-num-batched-tokens", "64", "--trace", str(trace_path))
+    server = ThreadedServer(long_model_dir, engine_options={"num_kv_blocks": 1100, "block_size": 4,
+                                                            "max_num_batched_tokens": 64, "trace": str(trace_path)})
     try:
         spec = WorkloadSpec(num_prompts=16, input_len=(16, 48), output_len=(4, 12), prefix_len=64, seed=0)
         options = BenchOptions(["multi-turn", "shared-prefix"], spec, max_concurrency=8)
