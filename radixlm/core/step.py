@@ -86,10 +86,12 @@ class ForkedRequest:
 @dataclass(slots=True)
 class GrammarBitmask:
     """Allowed next tokens of the constrained sampling rows: row i of `bitmask` (int32 words, bit j of word w is
-    token 32 * w + j, set when allowed; a torch tensor) is the mask of `request_ids[i]`."""
+    token 32 * w + j, set when allowed; a torch tensor) is the mask of sampling row `row_offsets[i]` of
+    `request_ids[i]` (0: its first; j: after its first j drafts). Rows without a mask are not constrained."""
 
     request_ids: list[str]
     bitmask: Any
+    row_offsets: list[int]
 
 
 @dataclass

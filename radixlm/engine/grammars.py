@@ -4,7 +4,8 @@ A request with `structured_outputs` waits here (not in the scheduler) until its 
 compile thread, so it never stalls the batch. Each of its sequences then gets its own matcher. Every step the
 matchers of the constrained sampling sequences fill a bitmask of the tokens they allow next, which the step sends
 the worker (`GrammarBitmask`); every new token is accepted by its sequence's matcher; a sequence whose grammar
-terminates finishes. A constrained sequence gets one token per step (no drafts: a draft would need a rollback).
+terminates finishes. A sequence verifying drafts gets one mask per position: the matcher accepts the drafts one by
+one, filling the mask after each, then rolls back.
 
 Preemption needs no rollback: recompute preemption keeps the generated tokens, so a matcher stays in step with its
 sequence (tests check constrained outputs are identical with and without preemption).
@@ -36,10 +37,6 @@ class GrammarTracker:
     def num_waiting(self) -> int:
         return len(self._waiting)
 
-    @property
-    def constrained_request_ids(self) -> set[str]:
-        """The child requests whose tokens a grammar constrains."""
-        return set(self._matchers)
 
     def submit(self, parent: ParentRequest) -> bool:
         """Start compiling the parent's grammar; True if it is ready now (matchers attached). Raises the compile's
@@ -77,33 +74,52 @@ class GrammarTracker:
         for state in parent.children:
             self._matchers[state.request.request_id] = self.structured.new_matcher(compiled)
 
-    def bitmask(self, request_ids: list[str],
+    def bitmask(self, request_ids: list[str], drafts: dict[str, list[int]],
                 on_error: Callable[[str, Exception], object]) -> GrammarBitmask | None:
-        """The allowed next tokens of the constrained ones among `request_ids` (those sampling this step), or None
-        when none is constrained. A matcher that raises is reported to `on_error(request_id, error)` and left out."""
+        """The allowed next tokens of the constrained ones among `request_ids` (those sampling this step), one row
+        per position verified (`drafts[request_id]`), or None when none is constrained. A matcher that raises is
+        reported to `on_error(request_id, error)` and left out."""
         constrained = [request_id for request_id in request_ids if request_id in self._matchers]
         if not constrained:
             return None
-        bitmask = self.structured.backend.allocate_bitmask(len(constrained))
-        kept: list[str] = []
+        num_rows = sum(1 + len(drafts.get(request_id, ())) for request_id in constrained)
+        bitmask = self.structured.backend.allocate_bitmask(num_rows)
+        rows: list[tuple[str, int]] = []
         for request_id in constrained:
             try:
-                self._matchers[request_id].fill_bitmask(bitmask, len(kept))
+                rows += self._fill(request_id, drafts.get(request_id, []), bitmask, len(rows))
             except Exception as error:
                 on_error(request_id, error)
-                continue
-            kept.append(request_id)
-        return GrammarBitmask(kept, bitmask[:len(kept)]) if kept else None
+        return GrammarBitmask([r for r, _ in rows], bitmask[:len(rows)], [j for _, j in rows]) if rows else None
 
-    def accept(self, request: Request) -> bool:
-        """Feed the request's newest token to its matcher; True when its grammar has terminated."""
+    def _fill(self, request_id: str, drafts: list[int], bitmask: object, first_row: int) -> list[tuple[str, int]]:
+        """Rows `first_row ..` of `bitmask`: what the matcher allows now, and after each draft it accepts; a
+        draft it refuses ends them (its position's sample cannot equal it, so later rows are never kept)."""
+        matcher = self._matchers[request_id]
+        matcher.fill_bitmask(bitmask, first_row)  # type: ignore[arg-type]
+        num_accepted = 0
+        for draft in drafts:
+            if not matcher.accept_token(draft) or matcher.is_terminated():
+                break
+            num_accepted += 1
+            matcher.fill_bitmask(bitmask, first_row + num_accepted)  # type: ignore[arg-type]
+        if num_accepted:
+            matcher.rollback(num_accepted)
+        return [(request_id, j) for j in range(num_accepted + 1)]
+
+    def accept(self, request: Request, token_ids: list[int] | None = None) -> int | None:
+        """Feed the request's new tokens (default: its newest) to its matcher, in order; returns how many were
+        taken when its grammar terminated (or refused one), else None."""
         matcher = self._matchers.get(request.request_id)
         if matcher is None:
-            return False
-        if not matcher.accept_token(request.last_token_id):
-            logger.warning("request %s: token %d is outside its grammar", request.request_id, request.last_token_id)
-            return True
-        return matcher.is_terminated()
+            return None
+        for count, token_id in enumerate(token_ids if token_ids is not None else [request.last_token_id], 1):
+            if not matcher.accept_token(token_id):
+                logger.warning("request %s: token %d is outside its grammar", request.request_id, token_id)
+                return count
+            if matcher.is_terminated():
+                return count
+        return None
 
     def forget(self, parent: ParentRequest) -> None:
         self._waiting.pop(parent.request_id, None)

@@ -161,7 +161,7 @@ class LLMEngine:
         started = time.perf_counter()
         failed = self._admit_compiled_grammars()
         if self.drafter is not None:
-            self.drafter.propose(self.scheduler.running, excluded=self.grammars.constrained_request_ids)
+            self.drafter.propose(self.scheduler.running)
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if self.grammars.num_waiting:
@@ -193,8 +193,10 @@ class LLMEngine:
             self.scheduler.fork_request(parent, child, scheduler_output)
         scheduler_output.prompt_logprob_positions = prompt_logits_positions(scheduler_output,
                                                                             self.output_processor.states)
+        drafts = {c.request_id: c.token_ids[c.num_tokens - c.num_draft_tokens:]
+                  for c in scheduler_output.chunks if c.num_draft_tokens}
         scheduler_output.grammar_bitmask = self.grammars.bitmask(
-            scheduler_output.sampling_request_ids,
+            scheduler_output.sampling_request_ids, drafts,
             lambda request_id, error: self.output_processor.fail_request(request_id, error, "the grammar", failed))
 
     def _execute(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> ModelRunnerOutput | None:
@@ -228,15 +230,26 @@ class LLMEngine:
         events = []
         for request, num_new in updated:
             if request.request_id in book.states:
-                book.guarded([book.parent_of(request.request_id)], "the grammar", failed, self._accept_grammar,
-                             request)
+                if not book.guarded([book.parent_of(request.request_id)], "the grammar", failed,
+                                     self._accept_grammar, request, num_new):
+                    continue
+                num_new = min(num_new, request.num_output_tokens)  # the grammar may have ended it earlier
                 entries = logprobs[request.request_id]
                 events.append(TokenEvent(request, request.output_token_ids[-num_new:],
                                          entries[:num_new] if entries is not None else None))
         return [e for e in events if e.request.request_id in book.states]
 
-    def _accept_grammar(self, request: Request) -> None:
-        if self.grammars.accept(request) and not request.is_finished:
+    def _accept_grammar(self, request: Request, num_new: int) -> None:
+        """Feed the new tokens to the request's grammar; a grammar that ends drops the tokens after its end."""
+        if num_new == 1:
+            num_taken = self.grammars.accept(request)
+        else:
+            num_taken = self.grammars.accept(request, request.output_token_ids[-num_new:])
+        if num_taken is None:
+            return
+        if num_taken < num_new and not request.is_finished:
+            request.truncate_output(request.num_output_tokens - num_new + num_taken)
+        if not request.is_finished:
             self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:

@@ -46,14 +46,14 @@ class NgramDrafter:
         self.stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
         self._requests: dict[str, _RequestDrafts] = {}
 
-    def propose(self, running: Iterable[Request], excluded: set[str]) -> None:
-        """Set `draft_token_ids` of every running request at its last token (none for the `excluded` ids)."""
+    def propose(self, running: Iterable[Request]) -> None:
+        """Set `draft_token_ids` of every running request at its last token."""
         live: dict[str, _RequestDrafts] = {}
         for request in running:
             state = self._requests.get(request.request_id) or _RequestDrafts(self.config.num_speculative_tokens)
             live[request.request_id] = state
             if (request.status is not RequestStatus.RUNNING or request.num_uncomputed_tokens != 1
-                    or request.num_output_tokens == 0 or request.request_id in excluded or state.num_tokens == 0):
+                    or request.num_output_tokens == 0 or state.num_tokens == 0):
                 continue
             request.draft_token_ids = find_draft(request.all_token_ids, state.num_tokens,
                                                  self.config.prompt_lookup_max, self.config.prompt_lookup_min)

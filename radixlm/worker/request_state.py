@@ -21,6 +21,7 @@ class WorkerRequest:
     sampling_seed: int
     eos_token_ids: frozenset[int]
     block_table: list[int] = field(default_factory=list)
+    num_drafts_before = 0  # its sampling row is the first of its step (see DraftRow)
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> WorkerRequest:
@@ -54,6 +55,7 @@ class DraftRow:
         self.eos_token_ids = request.eos_token_ids
         self.num_prompt_tokens = request.num_prompt_tokens
         self.all_token_ids = request.all_token_ids + draft_token_ids
+        self.num_drafts_before = len(draft_token_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -144,8 +144,9 @@ def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest | 
     def mask_for(rows: list[WorkerRequest | DraftRow]) -> Callable[[torch.Tensor], None] | None:
         if grammar is None:
             return None
-        index = {request_id: i for i, request_id in enumerate(grammar.request_ids)}
-        pairs = [(row, index[request.request_id]) for row, request in enumerate(rows) if request.request_id in index]
+        index = {key: i for i, key in enumerate(zip(grammar.request_ids, grammar.row_offsets, strict=True))}
+        keys = [(request.request_id, request.num_drafts_before) for request in rows]
+        pairs = [(row, index[key]) for row, key in enumerate(keys) if key in index]
         if not pairs:
             return None
         masks = grammar.bitmask[torch.tensor([i for _, i in pairs])]

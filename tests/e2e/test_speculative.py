@@ -122,3 +122,20 @@ def test_the_default_model_repeats_a_passage_with_the_same_tokens():
         outputs.append(finished["p"].token_ids())
     assert outputs[0] == outputs[1]
     assert engine.drafter.stats.num_accepted_tokens > 0
+
+
+def test_constrained_outputs_with_speculation_are_unchanged(tiny_model_dir):
+    from radixlm import LLM
+
+    specs = [{"regex": r"(ab|cd|ef){6,14}"}, {"regex": r"[a-c]{20,30}"},
+             {"grammar": 'root ::= item (" " item)*\nitem ::= "red" | "green" | "blue"'}]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=32, structured_outputs=spec)
+              for i, spec in enumerate(specs * 2)]
+    prompts = ["the quick brown", "radix trees share", "a paged KV cache"] * 2
+    results = []
+    for config in (None, SPEC):
+        llm = LLM(model=str(tiny_model_dir("llama")), num_kv_blocks=256, block_size=4, speculative_config=config)
+        results.append([(o.outputs[0].token_ids, o.outputs[0].text) for o in
+                        llm.generate(prompts, params, use_tqdm=False)])
+    assert results[1] == results[0]
+    assert llm.engine.drafter.stats.num_accepted_tokens > 0

@@ -107,7 +107,7 @@ def test_the_drafter_adapts_each_request_and_stops_one_that_never_hits():
     step(scheduler, token_id=2)
     request = scheduler.running[0]
     for _ in range(12):
-        drafter.propose(scheduler.running, excluded=set())
+        drafter.propose(scheduler.running)
         output = scheduler.schedule()
         drafts = output.chunks[0].num_draft_tokens
         draft = output.chunks[0].token_ids[1:2]
