@@ -118,3 +118,20 @@ def test_the_drafter_adapts_each_request_and_stops_one_that_never_hits():
             break
     assert request.draft_token_ids == [] and drafter.stats.num_accepted_tokens == 0
     assert drafter.stats.num_drafts == 8  # then it stopped drafting
+
+
+def test_spec_decode_metrics_count_the_deltas_between_snapshots():
+    from radixlm.metrics import EngineMetrics, SchedulerStats
+
+    metrics = EngineMetrics("m")
+    metrics.observe_scheduler(SchedulerStats(0, 0, 0.0, 0.0, 0, num_spec_drafts=2, num_spec_draft_tokens=8,
+                                             num_spec_accepted_tokens=5, num_spec_accepted_tokens_per_pos=(2, 2, 1)))
+    metrics.observe_scheduler(SchedulerStats(0, 0, 0.0, 0.0, 0, num_spec_drafts=3, num_spec_draft_tokens=10,
+                                             num_spec_accepted_tokens=6, num_spec_accepted_tokens_per_pos=(3, 2, 1)))
+    text = metrics.render().decode()
+    for line in ['radixlm:spec_decode_num_drafts_total{model_name="m"} 3.0',
+                 'radixlm:spec_decode_num_draft_tokens_total{model_name="m"} 10.0',
+                 'radixlm:spec_decode_num_accepted_tokens_total{model_name="m"} 6.0',
+                 'radixlm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 3.0',
+                 'radixlm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0']:
+        assert line in text, line
