@@ -6,7 +6,8 @@ Events (times in seconds from the start of the trace, monotonic clock):
   metadata, `queued` (false while its grammar compiles; a `queued` event follows), `step` (the next step's index).
 - `queued`, `abort`: a request entering the scheduler late, or aborted, before step `step`.
 - `step`: its index and start, the time spent scheduling, in the forward, sampling (with the token updates) and
-  producing outputs; every chunk as [request id, start position, tokens]; preemptions and why each happened;
+  producing outputs; every chunk as [request id, start position, tokens]; the draft tokens verified (speculative
+  decoding) per request; preemptions and why each happened;
   forks as [parent, child, context length]; the new tokens as [request id, token] (in order; a sequence may get
   several in one step); the sequences that ended
   as [request id, status]; cache hits (tokens) of first admissions, blocks evicted, KV usage and the queue
@@ -88,6 +89,8 @@ class TraceRecorder:
             "schedule_s": round(scheduled - start, 6), "forward_s": round(forwarded - scheduled, 6),
             "sample_s": round(sampled_at - forwarded, 6), "outputs_s": round(end - sampled_at, 6),
             "chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
+            "drafts": {c.request_id: c.token_ids[c.num_tokens - c.num_draft_tokens:] for c in output.chunks
+                       if c.num_draft_tokens},
             "preempted": output.preempted_request_ids, "preemption_reasons": output.preemption_reasons,
             "forks": [[f.parent_id, f.child_id, by_id[f.parent_id].num_prompt_tokens] for f in output.forks],
             "forward_failed": forward_failed,

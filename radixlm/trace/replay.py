@@ -110,6 +110,8 @@ def replay(trace: Trace) -> tuple[int, Divergence | None]:
         elif kind == "abort":
             state.abort(event["request_id"])
         elif kind == "step":
+            for seq_id, drafts in event.get("drafts", {}).items():  # proposed before the step was scheduled
+                state.requests[seq_id].draft_token_ids = drafts
             output = scheduler.schedule()
             recorded = {"chunks": event["chunks"], "preempted": event["preempted"]}
             if chunk_view(output) != recorded:

@@ -13,11 +13,13 @@ from radixlm.trace.replay import Trace, replay
 SHARED = list(range(20, 52))  # 32 tokens that several prompts start with: prefix hits
 
 
-@pytest.fixture(scope="module")
-def trace_path(tiny_model_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, '{"method": "ngram", "prompt_lookup_min": 1}'],
+                ids=["plain", "speculative"])
+def trace_path(tiny_model_dir, tmp_path_factory, request):
     path = tmp_path_factory.mktemp("trace") / "trace.jsonl"
     engine = build_engine(model=str(tiny_model_dir("llama")), num_kv_blocks=40, block_size=4,
-                          max_num_batched_tokens=24, trace=str(path))  # small: chunking and preemption
+                          max_num_batched_tokens=24, trace=str(path),  # small: chunking and preemption
+                          speculative_config=request.param)
     greedy = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     for index in range(6):
         engine.add_request(f"r{index}", SHARED + list(range(60 + index, 70 + 2 * index)), greedy,
@@ -32,6 +34,7 @@ def trace_path(tiny_model_dir, tmp_path_factory):
     engine.add_request("late", SHARED + [9, 9, 9], greedy)
     drain(engine)
     assert engine.scheduler.num_preemptions > 0
+    assert request.param is None or engine.drafter.stats.num_accepted_tokens > 0  # drafts were verified
     return path
 
 
