@@ -230,10 +230,11 @@ class LLMEngine:
         events = []
         for request, num_new in updated:
             if request.request_id in book.states:
+                num_outputs = request.num_output_tokens
                 if not book.guarded([book.parent_of(request.request_id)], "the grammar", failed,
                                      self._accept_grammar, request, num_new):
                     continue
-                num_new = min(num_new, request.num_output_tokens)  # the grammar may have ended it earlier
+                num_new -= num_outputs - request.num_output_tokens  # the grammar may have ended it earlier
                 entries = logprobs[request.request_id]
                 events.append(TokenEvent(request, request.output_token_ids[-num_new:],
                                          entries[:num_new] if entries is not None else None))

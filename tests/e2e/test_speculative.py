@@ -139,3 +139,18 @@ def test_constrained_outputs_with_speculation_are_unchanged(tiny_model_dir):
                         llm.generate(prompts, params, use_tqdm=False)])
     assert results[1] == results[0]
     assert llm.engine.drafter.stats.num_accepted_tokens > 0
+
+
+def test_a_stop_string_inside_verified_tokens_cuts_the_output_where_plain_decoding_does(tiny_model_dir):
+    model_dir = str(tiny_model_dir("llama"))
+    prompt = repetitive_prompts()[4]  # its greedy output repeats
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    text = run(build_engine(model=model_dir), [("t", prompt, params)])["t"].sequences[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    outputs = []
+    for spec in (None, SPEC):
+        engine = build_engine(model=model_dir, speculative_config=spec)
+        final = run(engine, [("s", prompt, params.replace(stop=[stop]))])["s"].sequences[0]
+        outputs.append((final.token_ids, final.text, final.finish_reason, final.stop_reason))
+    assert outputs[1] == outputs[0] and outputs[0][2] == "stop" and stop not in outputs[0][1]
+    assert engine.drafter.stats.num_accepted_tokens > 0
