@@ -1,0 +1,83 @@
+"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear.cpp).
+
+At batch 1 (a decode step of one request) every linear layer is a matrix-vector product that must read all of its
+weights once: memory-bound. PyTorch's float32 `F.linear` (MKL sgemm) measured about 3-4x the time a plain streaming
+read of the same weights takes at M = 1 on this CPU, and fbgemm's int8 dynamic linear, wrapped with the per-token
+scaling of `Int8Linear`, about 2x; the C++ kernels stream each weight row once and stay within a few percent to ~25%
+of that read time for up to `MAX_ROWS` rows. Above `MAX_ROWS` rows the PyTorch kernels (the reference) run.
+
+The int8 kernel computes exactly what fbgemm computes for `Int8Linear` (same quantized activations, exact int32 sums,
+the same float rounding steps), so a row's output is bit-identical on either path and never depends on the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.model.decode_kernel import extension_error
+
+MAX_ROWS = 4  # the kernels' limit: rows of x (tokens) per call
+INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
+INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
+
+
+def kernels_available() -> bool:
+    return extension_error() is None
+
+
+class SmallBatchLinear(nn.Linear):
+    """A float32 `nn.Linear` that runs the C++ kernel for up to `MAX_ROWS` rows and `F.linear` above."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> SmallBatchLinear:
+        """Shares `linear`'s parameters (no copy)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.bias = linear.bias
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > MAX_ROWS or rows.dtype != torch.float32 or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        out = torch.ops.radixlm.small_batch_linear(rows.contiguous(), self.weight, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_small_batch_linears(model: nn.Module) -> int:
+    """Replace every float32 `nn.Linear` of `model` by a `SmallBatchLinear` sharing its weights; returns how many.
+    Needs the extension (see `kernels_available`)."""
+    if not kernels_available():
+        raise RuntimeError(f"radixlm._C is not built: {extension_error()}")
+    targets = [(name, module) for name, module in model.named_modules()
+               if type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_contiguous()]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, SmallBatchLinear.from_linear(linear))
+    return len(targets)
+
+
+class Int8Rows:
+    """The int8 kernel's copy of an int8 weight `[N, K]`: rows zero-padded to `INT8_ROW_ALIGN` bytes, the float32
+    scale and the int32 sum of each row (fbgemm's zero-point correction)."""
+
+    def __init__(self, int8_weight: torch.Tensor, scales: torch.Tensor) -> None:
+        out_features, in_features = int8_weight.shape
+        padded = -(-in_features // INT8_ROW_ALIGN) * INT8_ROW_ALIGN
+        self.weight = torch.zeros(out_features, padded, dtype=torch.int8)
+        self.weight[:, :in_features] = int8_weight
+        self.scales = scales.float().contiguous()
+        self.sums = int8_weight.sum(dim=1, dtype=torch.int32)
+
+    @staticmethod
+    def supported(in_features: int) -> bool:
+        return in_features <= INT8_MAX_FEATURES and kernels_available()
+
+    def __call__(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """rows `[M <= MAX_ROWS, K]` float32 -> `[M, N]`, as `Int8Linear`'s fbgemm path computes it."""
+        return torch.ops.radixlm.small_batch_int8_linear(rows.contiguous(), self.weight, self.scales, self.sums, bias)
