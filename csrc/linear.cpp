@@ -25,8 +25,13 @@
 namespace {
 
 constexpr int64_t kMaxRows = 4;
-// Output channels per parallel task: at least a few KB of weights each, so the fork costs little.
-constexpr int64_t kGrainN = 64;
+// Weight bytes per parallel task: a thread is woken only for tens of microseconds of reading, so small layers run
+// on the calling thread (on a busy machine a woken worker can be descheduled for milliseconds).
+constexpr int64_t kGrainBytes = 512 << 10;
+
+inline int64_t grain_rows(int64_t row_bytes) {
+  return std::max<int64_t>(16, kGrainBytes / std::max<int64_t>(1, row_bytes));
+}
 
 // ---------------------------------------------------------------- float32
 
@@ -115,7 +120,7 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   const float* wp = weight.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, n_dim, kGrainN, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n_dim, grain_rows(k_dim * 4), [&](int64_t begin, int64_t end) {
     // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
     switch (m_dim) {
       case 1: gemv_range<1, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
@@ -243,7 +248,7 @@ at::Tensor small_batch_int8_linear(const at::Tensor& x, const at::Tensor& weight
   const Int8Problem p{q, row_max, weight.data_ptr<int8_t>(), weight_scales.data_ptr<float>(),
                       weight_sums.data_ptr<int32_t>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
                       out.data_ptr<float>(), n_dim, k_pad};
-  at::parallel_for(0, n_dim, kGrainN, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n_dim, grain_rows(k_pad), [&](int64_t begin, int64_t end) {
     switch (m_dim) {
       case 1: int8_range<1, 8>(p, begin, end); break;
       case 2: int8_range<2, 8>(p, begin, end); break;

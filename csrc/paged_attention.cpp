@@ -19,6 +19,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <immintrin.h>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -121,6 +123,104 @@ inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows
   }
 }
 
+// ---- Register-tiled score and value phases for head_dim = 16 * kC (the common head sizes).
+//
+// A group of up to kG query heads that share a KV head keeps its query rows (scores) or output accumulators
+// (values) in vector registers across the tile's positions, so each K/V row is loaded once per group from L1 and
+// every accumulator update is an FMA on a register, not a load-FMA-store through memory.
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline v16f load16(const at::BFloat16* p) {
+  v16u16 narrow;
+  std::memcpy(&narrow, p, sizeof(narrow));
+  const v16u32 wide = __builtin_convertvector(narrow, v16u32) << 16;
+  v16f v;
+  std::memcpy(&v, &wide, sizeof(v));
+  return v;
+}
+
+inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float reduce16(v16f v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#else
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+#endif
+}
+
+// scores[(j0 + g) * kTile + i] = scale * q_{j0+g} . k_i for the tile's n positions of KV head h.
+template <typename scalar_t, int64_t kC, int64_t kG>
+inline void score_group(const float* q, const scalar_t* keys, const int64_t* rows, int64_t n, int64_t h, int64_t j0,
+                        float scale, float* scores) {
+  constexpr int64_t d = 16 * kC;
+  v16f qv[kG][kC];
+  for (int64_t g = 0; g < kG; ++g) {
+    for (int64_t c = 0; c < kC; ++c) qv[g][c] = load16(q + (j0 + g) * d + 16 * c);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const scalar_t* k = keys + rows[i] + h * d;
+    v16f kv[kC];
+    for (int64_t c = 0; c < kC; ++c) kv[c] = load16(k + 16 * c);
+    for (int64_t g = 0; g < kG; ++g) {
+      v16f part = qv[g][0] * kv[0];
+      for (int64_t c = 1; c < kC; ++c) part += qv[g][c] * kv[c];
+      scores[(j0 + g) * kTile + i] = reduce16(part) * scale;
+    }
+  }
+}
+
+// acc[j0 + g] += sum_i weight[(j0 + g), i] * v_i over the tile's n positions of KV head h.
+template <typename scalar_t, int64_t kC, int64_t kG>
+inline void value_group(float* acc, const scalar_t* values, const int64_t* rows, int64_t n, int64_t h, int64_t j0,
+                        const float* weights) {
+  constexpr int64_t d = 16 * kC;
+  v16f av[kG][kC];
+  for (int64_t g = 0; g < kG; ++g) {
+    for (int64_t c = 0; c < kC; ++c) av[g][c] = load16(acc + (j0 + g) * d + 16 * c);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const scalar_t* v = values + rows[i] + h * d;
+    v16f vv[kC];
+    for (int64_t c = 0; c < kC; ++c) vv[c] = load16(v + 16 * c);
+    for (int64_t g = 0; g < kG; ++g) {
+      const float w = weights[(j0 + g) * kTile + i];
+      for (int64_t c = 0; c < kC; ++c) av[g][c] += w * vv[c];
+    }
+  }
+  for (int64_t g = 0; g < kG; ++g) {
+    for (int64_t c = 0; c < kC; ++c) store16(acc + (j0 + g) * d + 16 * c, av[g][c]);
+  }
+}
+
+// Query heads per register group: kG * kC accumulators plus a row must fit in 32 vector registers.
+template <int64_t kC>
+constexpr int64_t kGroup = kC <= 4 ? 4 : 2;
+
+// Runs `phase<kG>(j0)` over the query heads [j_begin, j_end) in groups of at most kGroup<kC>.
+template <int64_t kC, typename Phase>
+inline void for_groups(int64_t j_begin, int64_t j_end, Phase&& phase) {
+  int64_t j = j_begin;
+  for (; j + kGroup<kC> <= j_end; j += kGroup<kC>) phase(std::integral_constant<int64_t, kGroup<kC>>{}, j);
+  switch (j_end - j) {
+    case 0: break;
+    case 1: phase(std::integral_constant<int64_t, 1>{}, j); break;
+    case 2: phase(std::integral_constant<int64_t, 2>{}, j); break;
+    default: phase(std::integral_constant<int64_t, 3>{}, j); break;
+  }
+}
+
 // Attention of request `b`'s query heads that read KV heads [h0, h1), over its context: query head `j` of the item
 // (global head h0 * rep + j) reads KV head h0 + j / rep. Each K/V row is read once for its `rep` query heads.
 // kD > 0 fixes head_dim at compile time; 0 reads it from the problem. The loops over query heads keep a runtime
@@ -155,16 +255,34 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
       const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
       offsets[i] = slot * row_stride + h0 * d;
     }
-    score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
+    if constexpr (kD > 0 && kD % 16 == 0) {
+      constexpr int64_t kC = kD / 16;
+      for (int64_t h = 0; h < num_kv; ++h) {
+        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
+          score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n, h, j0, p.scale, scores);
+        });
+      }
+    } else {
+      score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
+    }
     for (int64_t j = 0; j < num_q; ++j) {
       softmax_tile(scores + j * kTile, n, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
     }
-    for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kD > 0 && kD % 16 == 0) {
+      constexpr int64_t kC = kD / 16;
       for (int64_t h = 0; h < num_kv; ++h) {
-        const scalar_t* v = values + offsets[i] + h * d;
-        for (int64_t r = 0; r < rep; ++r) {
-          const int64_t j = h * rep + r;
-          add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
+          value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n, h, j0, scores);
+        });
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t h = 0; h < num_kv; ++h) {
+          const scalar_t* v = values + offsets[i] + h * d;
+          for (int64_t r = 0; r < rep; ++r) {
+            const int64_t j = h * rep + r;
+            add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+          }
         }
       }
     }
@@ -176,16 +294,28 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   }
 }
 
+// K/V bytes a thread should read for waking it to pay off (tens of microseconds of work). Smaller steps (a request
+// or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
+// has descheduled, which measured up to milliseconds per call here.
+constexpr int64_t kMinBytesPerThread = 1 << 20;
+
 template <typename scalar_t, int64_t kD>
 void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
-  const int64_t num_threads = at::get_num_threads();
+  int64_t num_positions = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = p.context_lens[b];
+    num_positions += p.sliding_window > 0 ? std::min<int64_t>(len, p.sliding_window) : len;
+  }
+  const int64_t num_bytes = 2 * num_positions * p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t num_threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
   // One item per request reads each position's K/V rows of all heads, one contiguous run; split requests by KV
   // head only when there are too few requests to keep every thread busy.
   const int64_t heads_per_item = batch >= 4 * num_threads ? p.num_kv_heads : 1;
   const int64_t items_per_request = p.num_kv_heads / heads_per_item;
   const int64_t num_items = batch * items_per_request;
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
