@@ -75,11 +75,12 @@ inline float exp_nonpositive(float x) {
 }
 
 struct Problem {
-  const float* query;  // [B, Hq, D] contiguous
+  const float* query;  // [B, Hq, D]: row (b, h) at query + b * query_stride_b + h * query_stride_h, D contiguous
   float* out;          // [B, Hq, D] contiguous
   const int32_t* block_table;    // flat: the blocks of request b start at block_offsets[b]
   const int32_t* block_offsets;  // [B]
   const int32_t* context_lens;   // [B]
+  int64_t query_stride_b, query_stride_h;
   int64_t num_heads, num_kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
 };
@@ -233,11 +234,14 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t context_len = p.context_lens[b];
   const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
   const int32_t* blocks = p.block_table + p.block_offsets[b];
-  const float* q = p.query + (b * p.num_heads + h0 * rep) * d;  // the item's query heads are consecutive rows
   float* out = p.out + (b * p.num_heads + h0 * rep) * d;
 
-  scratch.resize(num_q * d + num_q * kTile + 2 * num_q);
-  float* acc = scratch.data();               // [num_q, D]
+  scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
+  float* q = scratch.data();                 // [num_q, D]: the item's query rows, gathered from a strided query
+  for (int64_t j = 0; j < num_q; ++j) {
+    std::copy_n(p.query + b * p.query_stride_b + (h0 * rep + j) * p.query_stride_h, d, q + j * d);
+  }
+  float* acc = q + num_q * d;                // [num_q, D]
   float* scores = acc + num_q * d;           // [num_q, kTile]
   float* running_max = scores + num_q * kTile;  // [num_q]
   float* running_sum = running_max + num_q;  // [num_q]
@@ -248,12 +252,23 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t row_stride = p.num_kv_heads * d;
   int64_t offsets[kTile];  // element offset of each position's K (and V) row of KV head h0
 
+  const auto offset_of = [&](int64_t pos) {
+    const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
+    return slot * row_stride + h0 * d;
+  };
+  const int64_t span_bytes = num_kv * d * static_cast<int64_t>(sizeof(scalar_t));  // one position's rows
   for (int64_t start = first; start < context_len; start += kTile) {
     const int64_t n = std::min(kTile, context_len - start);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = start + i;
-      const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-      offsets[i] = slot * row_stride + h0 * d;
+    for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
+    // Ask for the next tile's K/V rows now (into L2): the rows of a tile jump between blocks and heads, which the
+    // hardware prefetchers follow poorly, and without this the loads below stall on memory latency.
+    for (int64_t pos = start + n; pos < std::min(start + n + kTile, context_len); ++pos) {
+      const char* k = reinterpret_cast<const char*>(keys + offset_of(pos));
+      const char* v = reinterpret_cast<const char*>(values + offset_of(pos));
+      for (int64_t line = 0; line < span_bytes; line += 64) {
+        __builtin_prefetch(k + line, 0, 2);
+        __builtin_prefetch(v + line, 0, 2);
+      }
     }
     if constexpr (kD > 0 && kD % 16 == 0) {
       constexpr int64_t kC = kD / 16;
@@ -379,11 +394,14 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(block_offsets.size(0) == batch && context_lens.size(0) == batch, "one offset and length per row");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
   check_tables(block_table, block_offsets, context_lens, block_size, key_cache.size(0) / block_size);
-  const at::Tensor q = query.contiguous();
-  at::Tensor out = at::empty_like(q);
+  // Any strides but a contiguous last dimension: the kernel gathers each item's few query rows itself, so the
+  // usual transposed view of the packed batch needs no copy here.
+  const at::Tensor q = query.stride(2) == 1 ? query : query.contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
-            block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), num_heads, num_kv_heads,
-            q.size(2), block_size, sliding_window, static_cast<float>(scale), static_cast<float>(softcap)};
+            block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
+            num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
+            static_cast<float>(softcap)};
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim<float>(p, key_cache, value_cache, batch);
   } else {
