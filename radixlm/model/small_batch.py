@@ -12,6 +12,8 @@ the same float rounding steps), so a row's output is bit-identical on either pat
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,7 +26,22 @@ INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stac
 
 
 def kernels_available() -> bool:
-    return extension_error() is None
+    """True when radixlm._C imports; its ops then have fake kernels too, so `torch.compile` treats them as opaque."""
+    return extension_error() is None and _register_fakes()
+
+
+@cache
+def _register_fakes() -> bool:
+    @torch.library.register_fake("radixlm::small_batch_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
+
+    @torch.library.register_fake("radixlm::small_batch_int8_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
+          bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
+
+    return True
 
 
 class SmallBatchLinear(nn.Linear):

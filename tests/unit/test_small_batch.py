@@ -79,3 +79,16 @@ def test_bad_inputs_raise():
         torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 65), int8, scales, sums, None)
     with pytest.raises(RuntimeError, match="weight_sums"):
         torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 16), int8, scales, sums[:4], None)
+
+
+def test_ops_are_opaque_to_torch_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from radixlm.model.small_batch import kernels_available
+
+    assert kernels_available()
+    with FakeTensorMode():
+        out = torch.ops.radixlm.small_batch_linear(torch.empty(3, 16), torch.empty(8, 16), None)
+        int8 = torch.ops.radixlm.small_batch_int8_linear(torch.empty(2, 16), torch.empty(8, 64, dtype=torch.int8),
+                                                         torch.empty(8), torch.empty(8, dtype=torch.int32), None)
+    assert out.shape == (3, 8) and int8.shape == (2, 8)
