@@ -5,8 +5,7 @@
 // contiguous run of memory per position), or (request, KV head) pairs when there are too few requests for the
 // threads, spread over OpenMP threads; each K/V row is read once for all the query heads that share it (GQA) and
 // the softmax is computed online in one pass over the context, tile by tile. Storage may be float32 or bfloat16;
-// arithmetic is float32. The inner loops are plain C++ that -O3 and the host ISA vectorise (software prefetching
-// measured no gain: the hardware prefetchers follow the runs of a block).
+// arithmetic is float32. The inner loops are plain C++ (GCC vector types) that -O3 and the host ISA vectorise.
 
 #include <Python.h>
 #include <torch/library.h>
@@ -161,16 +160,26 @@ inline float reduce16(v16f v) {
 #endif
 }
 
+// Asks for one K/V row (one head of one position) ahead of its use, into L2.
+template <typename scalar_t, int64_t kD>
+inline void prefetch_row(const scalar_t* row) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t line = 0; line < kD * static_cast<int64_t>(sizeof(scalar_t)); line += 64) {
+    __builtin_prefetch(bytes + line, 0, 2);
+  }
+}
+
 // scores[(j0 + g) * kTile + i] = scale * q_{j0+g} . k_i for the tile's n positions of KV head h.
 template <typename scalar_t, int64_t kC, int64_t kG>
 inline void score_group(const float* q, const scalar_t* keys, const int64_t* rows, int64_t n, int64_t h, int64_t j0,
-                        float scale, float* scores) {
+                        float scale, float* scores, const int64_t* next, int64_t num_next) {
   constexpr int64_t d = 16 * kC;
   v16f qv[kG][kC];
   for (int64_t g = 0; g < kG; ++g) {
     for (int64_t c = 0; c < kC; ++c) qv[g][c] = load16(q + (j0 + g) * d + 16 * c);
   }
   for (int64_t i = 0; i < n; ++i) {
+    if (i < num_next) prefetch_row<scalar_t, d>(keys + next[i] + h * d);
     const scalar_t* k = keys + rows[i] + h * d;
     v16f kv[kC];
     for (int64_t c = 0; c < kC; ++c) kv[c] = load16(k + 16 * c);
@@ -185,13 +194,14 @@ inline void score_group(const float* q, const scalar_t* keys, const int64_t* row
 // acc[j0 + g] += sum_i weight[(j0 + g), i] * v_i over the tile's n positions of KV head h.
 template <typename scalar_t, int64_t kC, int64_t kG>
 inline void value_group(float* acc, const scalar_t* values, const int64_t* rows, int64_t n, int64_t h, int64_t j0,
-                        const float* weights) {
+                        const float* weights, const int64_t* next, int64_t num_next) {
   constexpr int64_t d = 16 * kC;
   v16f av[kG][kC];
   for (int64_t g = 0; g < kG; ++g) {
     for (int64_t c = 0; c < kC; ++c) av[g][c] = load16(acc + (j0 + g) * d + 16 * c);
   }
   for (int64_t i = 0; i < n; ++i) {
+    if (i < num_next) prefetch_row<scalar_t, d>(values + next[i] + h * d);
     const scalar_t* v = values + rows[i] + h * d;
     v16f vv[kC];
     for (int64_t c = 0; c < kC; ++c) vv[c] = load16(v + 16 * c);
@@ -256,25 +266,25 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
     const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
     return slot * row_stride + h0 * d;
   };
-  const int64_t span_bytes = num_kv * d * static_cast<int64_t>(sizeof(scalar_t));  // one position's rows
+  int64_t next[kTile];  // the next tile's offsets, whose rows the register-tiled phases prefetch as they go
+  int64_t num_next = 0;
   for (int64_t start = first; start < context_len; start += kTile) {
     const int64_t n = std::min(kTile, context_len - start);
-    for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
-    // Ask for the next tile's K/V rows now (into L2): the rows of a tile jump between blocks and heads, which the
-    // hardware prefetchers follow poorly, and without this the loads below stall on memory latency.
-    for (int64_t pos = start + n; pos < std::min(start + n + kTile, context_len); ++pos) {
-      const char* k = reinterpret_cast<const char*>(keys + offset_of(pos));
-      const char* v = reinterpret_cast<const char*>(values + offset_of(pos));
-      for (int64_t line = 0; line < span_bytes; line += 64) {
-        __builtin_prefetch(k + line, 0, 2);
-        __builtin_prefetch(v + line, 0, 2);
-      }
+    if (start == first) {
+      for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
+    } else {
+      std::copy_n(next, n, offsets);
     }
+    // The rows of a tile jump between blocks and heads, which the hardware prefetchers follow poorly: each phase
+    // asks for the next tile's rows of its head, one per position it processes, so the requests are spread out.
+    num_next = std::min(kTile, context_len - start - n);
+    for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(start + n + i);
     if constexpr (kD > 0 && kD % 16 == 0) {
       constexpr int64_t kC = kD / 16;
       for (int64_t h = 0; h < num_kv; ++h) {
         for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
-          score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n, h, j0, p.scale, scores);
+          score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n, h, j0, p.scale, scores, next,
+                                                            j0 == h * rep ? num_next : 0);
         });
       }
     } else {
@@ -287,7 +297,8 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
       constexpr int64_t kC = kD / 16;
       for (int64_t h = 0; h < num_kv; ++h) {
         for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
-          value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n, h, j0, scores);
+          value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n, h, j0, scores, next,
+                                                            j0 == h * rep ? num_next : 0);
         });
       }
     } else {
