@@ -69,10 +69,9 @@ class Int8Linear(nn.Module):
         return cls(linear.weight, linear.bias, small_batch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._small_batch is not None and x.numel() <= MAX_ROWS * self.in_features:
+            return self._small_batch(x, self.bias)
         rows = x.reshape(-1, self.in_features)
-        if self._small_batch is not None and rows.shape[0] <= MAX_ROWS:
-            out = self._small_batch(rows, self.bias)
-            return out.reshape(*x.shape[:-1], self.out_features)
         row_max = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
         normalized = torch.cat((rows / row_max, self.range_row))
         out = torch.ops.quantized.linear_dynamic(normalized, self._packed, REDUCE_RANGE)[:-1]

@@ -34,12 +34,12 @@ def kernels_available() -> bool:
 def _register_fakes() -> bool:
     @torch.library.register_fake("radixlm::small_batch_linear")
     def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0])
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
 
     @torch.library.register_fake("radixlm::small_batch_int8_linear")
     def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
           bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0])
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
 
     return True
 
@@ -58,11 +58,10 @@ class SmallBatchLinear(nn.Linear):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > MAX_ROWS or rows.dtype != torch.float32 or torch.is_grad_enabled():
+        # Per call overhead matters at one row (a forward has ~200 linears): one size test, one op call.
+        if x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        out = torch.ops.radixlm.small_batch_linear(rows.contiguous(), self.weight, self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.radixlm.small_batch_linear.default(x, self.weight, self.bias)
 
 
 def use_small_batch_linears(model: nn.Module) -> int:
@@ -95,6 +94,6 @@ class Int8Rows:
     def supported(in_features: int) -> bool:
         return in_features <= INT8_MAX_FEATURES and kernels_available()
 
-    def __call__(self, rows: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """rows `[M <= MAX_ROWS, K]` float32 -> `[M, N]`, as `Int8Linear`'s fbgemm path computes it."""
-        return torch.ops.radixlm.small_batch_int8_linear(rows.contiguous(), self.weight, self.scales, self.sums, bias)
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x `[..., K]` float32 of at most `MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path computes it."""
+        return torch.ops.radixlm.small_batch_int8_linear.default(x, self.weight, self.scales, self.sums, bias)
