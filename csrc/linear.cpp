@@ -152,6 +152,7 @@ at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
 // ---------------------------------------------------------------- int8
 
 constexpr int32_t kZeroPoint = 128;
+constexpr int64_t kPrefetchTiles = 1;  // how far ahead (in tiles of rows) the int8 kernel asks for weights
 constexpr int64_t kMaxK = 8192;  // input features of the int8 path (the quantized rows live on the stack)
 
 // Quantize row `x[0..k)` as fbgemm does for the range [-1, 1] after dividing by the row's absolute maximum.
@@ -209,7 +210,7 @@ inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad,
     __m512i wv[kTileN];
     for (int64_t t = 0; t < kTileN; ++t) {
       // The next tile's rows, one line per line read: the rows are short, and without this the loads stall.
-      __builtin_prefetch(w + (kTileN + t) * k_pad + k, 0, 2);
+      __builtin_prefetch(w + (kPrefetchTiles * kTileN + t) * k_pad + k, 0, 2);
       wv[t] = _mm512_loadu_si512(w + t * k_pad + k);
     }
     for (int64_t m = 0; m < kRows; ++m) {
@@ -218,11 +219,13 @@ inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad,
     }
   }
   for (int64_t m = 0; m < kRows; ++m) {
-    if constexpr (kTileN == 8) {
-      const __m256i total = reduce8(acc[m]);
-      const __m256i correction = _mm256_mullo_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)),
-                                                    _mm256_set1_epi32(kZeroPoint));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(raw[m]), _mm256_sub_epi32(total, correction));
+    if constexpr (kTileN % 8 == 0) {
+      for (int64_t t = 0; t < kTileN; t += 8) {
+        const __m256i total = reduce8(acc[m] + t);
+        const __m256i correction = _mm256_mullo_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + t)), _mm256_set1_epi32(kZeroPoint));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(raw[m] + t), _mm256_sub_epi32(total, correction));
+      }
     } else {
       for (int64_t t = 0; t < kTileN; ++t) raw[m][t] = _mm512_reduce_add_epi32(acc[m][t]) - kZeroPoint * sums[t];
     }
