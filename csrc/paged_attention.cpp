@@ -27,6 +27,7 @@
 namespace {
 
 constexpr int64_t kTile = 32;  // positions scored before each softmax rescale
+constexpr int64_t kPrefetchTiles = 1;  // how far ahead the K/V rows are asked for
 
 // Element e of a K/V row as float32. bfloat16 is the top half of a float32, so widening is a zero-extend and a
 // shift, which the compiler fuses into the vectorised loops below (no widened copy of the row is written).
@@ -266,19 +267,26 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
     const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
     return slot * row_stride + h0 * d;
   };
-  int64_t next[kTile];  // the next tile's offsets, whose rows the register-tiled phases prefetch as they go
-  int64_t num_next = 0;
+  int64_t next[kTile];  // offsets of the tile kPrefetchTiles ahead, whose rows the phases below prefetch as they go
+  const int64_t head_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
+  // The tiles before the first that the loop prefetches: ask for them now.
+  for (int64_t pos = first + kTile; pos < std::min(first + kPrefetchTiles * kTile, context_len); ++pos) {
+    for (int64_t h = 0; h < num_kv; ++h) {
+      for (int64_t line = 0; line < head_bytes; line += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(keys + offset_of(pos) + h * d) + line, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(values + offset_of(pos) + h * d) + line, 0, 2);
+      }
+    }
+  }
   for (int64_t start = first; start < context_len; start += kTile) {
     const int64_t n = std::min(kTile, context_len - start);
-    if (start == first) {
-      for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
-    } else {
-      std::copy_n(next, n, offsets);
-    }
+    for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
     // The rows of a tile jump between blocks and heads, which the hardware prefetchers follow poorly: each phase
-    // asks for the next tile's rows of its head, one per position it processes, so the requests are spread out.
-    num_next = std::min(kTile, context_len - start - n);
-    for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(start + n + i);
+    // asks for the rows of its head kPrefetchTiles tiles ahead, one per position it processes, so the requests
+    // are spread out.
+    const int64_t ahead = start + kPrefetchTiles * kTile;
+    const int64_t num_next = std::clamp<int64_t>(context_len - ahead, 0, kTile);
+    for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(ahead + i);
     if constexpr (kD > 0 && kD % 16 == 0) {
       constexpr int64_t kC = kD / 16;
       for (int64_t h = 0; h < num_kv; ++h) {
