@@ -5,8 +5,7 @@
 // contiguous run of memory per position), or (request, KV head) pairs when there are too few requests for the
 // threads, spread over OpenMP threads; each K/V row is read once for all the query heads that share it (GQA) and
 // the softmax is computed online in one pass over the context, tile by tile. Storage may be float32 or bfloat16;
-// arithmetic is float32. The inner loops are plain C++ that -O3 and the host ISA vectorise (software prefetching
-// measured no gain: the hardware prefetchers follow the runs of a block).
+// arithmetic is float32. The inner loops are plain C++ (GCC vector types) that -O3 and the host ISA vectorise.
 
 #include <Python.h>
 #include <torch/library.h>
@@ -19,13 +18,18 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <immintrin.h>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "attention_tiles.h"
+
 namespace {
 
-constexpr int64_t kTile = 32;  // positions scored before each softmax rescale
+using namespace radixlm_attention;  // the register-tiled phases and kTile
+constexpr int64_t kPrefetchTiles = 1;  // how far ahead the K/V rows are asked for
 
 // Element e of a K/V row as float32. bfloat16 is the top half of a float32, so widening is a zero-extend and a
 // shift, which the compiler fuses into the vectorised loops below (no widened copy of the row is written).
@@ -73,11 +77,12 @@ inline float exp_nonpositive(float x) {
 }
 
 struct Problem {
-  const float* query;  // [B, Hq, D] contiguous
+  const float* query;  // [B, Hq, D]: row (b, h) at query + b * query_stride_b + h * query_stride_h, D contiguous
   float* out;          // [B, Hq, D] contiguous
   const int32_t* block_table;    // flat: the blocks of request b start at block_offsets[b]
   const int32_t* block_offsets;  // [B]
   const int32_t* context_lens;   // [B]
+  int64_t query_stride_b, query_stride_h;
   int64_t num_heads, num_kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
 };
@@ -133,11 +138,14 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t context_len = p.context_lens[b];
   const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
   const int32_t* blocks = p.block_table + p.block_offsets[b];
-  const float* q = p.query + (b * p.num_heads + h0 * rep) * d;  // the item's query heads are consecutive rows
   float* out = p.out + (b * p.num_heads + h0 * rep) * d;
 
-  scratch.resize(num_q * d + num_q * kTile + 2 * num_q);
-  float* acc = scratch.data();               // [num_q, D]
+  scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
+  float* q = scratch.data();                 // [num_q, D]: the item's query rows, gathered from a strided query
+  for (int64_t j = 0; j < num_q; ++j) {
+    std::copy_n(p.query + b * p.query_stride_b + (h0 * rep + j) * p.query_stride_h, d, q + j * d);
+  }
+  float* acc = q + num_q * d;                // [num_q, D]
   float* scores = acc + num_q * d;           // [num_q, kTile]
   float* running_max = scores + num_q * kTile;  // [num_q]
   float* running_sum = running_max + num_q;  // [num_q]
@@ -148,23 +156,60 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t row_stride = p.num_kv_heads * d;
   int64_t offsets[kTile];  // element offset of each position's K (and V) row of KV head h0
 
+  const auto offset_of = [&](int64_t pos) {
+    const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
+    return slot * row_stride + h0 * d;
+  };
+  int64_t next[kTile];  // offsets of the tile kPrefetchTiles ahead, whose rows the phases below prefetch as they go
+  const int64_t head_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
+  // The tiles before the first that the loop prefetches: ask for them now.
+  for (int64_t pos = first + kTile; pos < std::min(first + kPrefetchTiles * kTile, context_len); ++pos) {
+    for (int64_t h = 0; h < num_kv; ++h) {
+      for (int64_t line = 0; line < head_bytes; line += 64) {
+        __builtin_prefetch(reinterpret_cast<const char*>(keys + offset_of(pos) + h * d) + line, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(values + offset_of(pos) + h * d) + line, 0, 2);
+      }
+    }
+  }
   for (int64_t start = first; start < context_len; start += kTile) {
     const int64_t n = std::min(kTile, context_len - start);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t pos = start + i;
-      const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-      offsets[i] = slot * row_stride + h0 * d;
+    for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
+    // The rows of a tile jump between blocks and heads, which the hardware prefetchers follow poorly: each phase
+    // asks for the rows of its head kPrefetchTiles tiles ahead, one per position it processes, so the requests
+    // are spread out.
+    const int64_t ahead = start + kPrefetchTiles * kTile;
+    const int64_t num_next = std::clamp<int64_t>(context_len - ahead, 0, kTile);
+    for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(ahead + i);
+    if constexpr (kD > 0 && kD % 16 == 0) {
+      constexpr int64_t kC = kD / 16;
+      for (int64_t h = 0; h < num_kv; ++h) {
+        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
+          score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n, h, j0, p.scale, scores, next,
+                                                            j0 == h * rep ? num_next : 0);
+        });
+      }
+    } else {
+      score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
     }
-    score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
     for (int64_t j = 0; j < num_q; ++j) {
       softmax_tile(scores + j * kTile, n, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
     }
-    for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kD > 0 && kD % 16 == 0) {
+      constexpr int64_t kC = kD / 16;
       for (int64_t h = 0; h < num_kv; ++h) {
-        const scalar_t* v = values + offsets[i] + h * d;
-        for (int64_t r = 0; r < rep; ++r) {
-          const int64_t j = h * rep + r;
-          add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
+          value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n, h, j0, scores, next,
+                                                            j0 == h * rep ? num_next : 0);
+        });
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t h = 0; h < num_kv; ++h) {
+          const scalar_t* v = values + offsets[i] + h * d;
+          for (int64_t r = 0; r < rep; ++r) {
+            const int64_t j = h * rep + r;
+            add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+          }
         }
       }
     }
@@ -176,16 +221,28 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
   }
 }
 
+// K/V bytes a thread should read for waking it to pay off (tens of microseconds of work). Smaller steps (a request
+// or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
+// has descheduled, which measured up to milliseconds per call here.
+constexpr int64_t kMinBytesPerThread = 1 << 20;
+
 template <typename scalar_t, int64_t kD>
 void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
-  const int64_t num_threads = at::get_num_threads();
+  int64_t num_positions = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = p.context_lens[b];
+    num_positions += p.sliding_window > 0 ? std::min<int64_t>(len, p.sliding_window) : len;
+  }
+  const int64_t num_bytes = 2 * num_positions * p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t num_threads =
+      std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
   // One item per request reads each position's K/V rows of all heads, one contiguous run; split requests by KV
   // head only when there are too few requests to keep every thread busy.
   const int64_t heads_per_item = batch >= 4 * num_threads ? p.num_kv_heads : 1;
   const int64_t items_per_request = p.num_kv_heads / heads_per_item;
   const int64_t num_items = batch * items_per_request;
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
-#pragma omp parallel num_threads(num_threads)
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
@@ -249,11 +306,14 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   TORCH_CHECK(block_offsets.size(0) == batch && context_lens.size(0) == batch, "one offset and length per row");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
   check_tables(block_table, block_offsets, context_lens, block_size, key_cache.size(0) / block_size);
-  const at::Tensor q = query.contiguous();
-  at::Tensor out = at::empty_like(q);
+  // Any strides but a contiguous last dimension: the kernel gathers each item's few query rows itself, so the
+  // usual transposed view of the packed batch needs no copy here.
+  const at::Tensor q = query.stride(2) == 1 ? query : query.contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
-            block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), num_heads, num_kv_heads,
-            q.size(2), block_size, sliding_window, static_cast<float>(scale), static_cast<float>(softcap)};
+            block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
+            num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
+            static_cast<float>(softcap)};
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim<float>(p, key_cache, value_cache, batch);
   } else {

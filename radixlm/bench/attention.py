@@ -1,5 +1,6 @@
 """`radixlm bench attention`: one decode step's attention (all layers), C++ kernel vs torch path, next to the
-memory bound (K/V bytes the step reads / the read bandwidth of a large `tensor.sum()` measured in the same run).
+memory bound: the K/V bytes the step reads over the read bandwidth of those very caches, measured in the same run by a
+streaming reduction over them (`read_seconds`; a fresh buffer's bandwidth varied 2-3x between allocations here).
 
 Synthetic caches of a given model shape (default SmolLM2-135M: 30 layers, 9 query heads, 3 KV heads, D=64); each
 request's context is its own run of blocks, or, with a shared prefix, every request starts with the same blocks
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.bench.step_probe import read_seconds
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import paged_attention
 from radixlm.model.input_batch import AttentionMetadata, InputBatch
@@ -34,13 +36,6 @@ class _Layer(torch.nn.Module):
     def __init__(self, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
-
-
-def read_bandwidth(num_bytes: int = 512 * 2**20, repeats: int = 5) -> float:
-    """Bytes per second of `tensor.sum()` over a tensor far larger than the CPU caches (best of `repeats`)."""
-    data = torch.ones(num_bytes // 4)
-    best = min(_timed(data.sum) for _ in range(repeats))
-    return num_bytes / best
 
 
 def _timed(fn: object) -> float:
@@ -71,9 +66,12 @@ def _step_metadata(shape: AttentionShape, batch: int, context_len: int, shared_p
 
 
 def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared_prefix: int, kv_dtype: torch.dtype,
-                     kernel: bool, repeats: int) -> float:
-    """Best wall time of one decode step's attention over `shape.num_layers` layers, in seconds."""
-    _, metadata = _step_metadata(shape, batch, context_len, shared_prefix, kv_dtype, kernel)
+                     kernel: bool, repeats: int) -> tuple[float, float]:
+    """Best wall time of one decode step's attention over `shape.num_layers` layers, and the read bandwidth of its
+    caches (bytes per second), each the best of `repeats` alternating runs."""
+    cache, metadata = _step_metadata(shape, batch, context_len, shared_prefix, kv_dtype, kernel)
+    caches = [*cache.key_caches, *cache.value_caches]
+    cache_bytes = sum(t.numel() * t.element_size() for t in caches)
     query = torch.randn(1, shape.num_heads, batch, shape.head_dim)
     key, value = torch.randn(2, 1, shape.num_kv_heads, batch, shape.head_dim)
     layers = [_Layer(i % shape.distinct_layers) for i in range(shape.num_layers)]
@@ -82,25 +80,29 @@ def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared
         for layer in layers:
             paged_attention(layer, query, key, value, None, scaling=shape.head_dim ** -0.5, radix_attn=metadata)
 
+    best_step = best_read = float("inf")
     with torch.inference_mode():
         step()  # warm-up: first touch of the pages, thread pool start
-        return min(_timed(step) for _ in range(repeats))
+        for _ in range(repeats):
+            best_step = min(best_step, _timed(step))
+            best_read = min(best_read, read_seconds(caches, repeats=1))
+    return best_step, cache_bytes / best_read
 
 
 def bench_attention(batch: int, context_lens: list[int], repeats: int, torch_repeats: int) -> None:
     shape = AttentionShape()
-    bandwidth = read_bandwidth()
-    print(f"read bandwidth ({torch.get_num_threads()} threads): {bandwidth / 1e9:.1f} GB/s; B={batch}, "
-          f"{shape.num_layers} layers, Hq={shape.num_heads}, Hkv={shape.num_kv_heads}, D={shape.head_dim}")
-    print(f"{'context':>7} {'shared':>6} {'backend':>7} {'kv':>8} {'ms/step':>8} {'MB read':>8} {'bound ms':>8} "
-          f"{'x bound':>7}")
+    print(f"{torch.get_num_threads()} threads; B={batch}, {shape.num_layers} layers, Hq={shape.num_heads}, "
+          f"Hkv={shape.num_kv_heads}, D={shape.head_dim}")
+    print(f"{'context':>7} {'shared':>6} {'backend':>7} {'kv':>8} {'ms/step':>8} {'MB read':>8} {'GB/s':>5} "
+          f"{'bound ms':>8} {'x bound':>7}")
     for context_len in context_lens:
         for shared_prefix in (0, context_len // 2 // shape.block_size * shape.block_size):
             for backend, kv_dtype in (("torch", torch.float32), ("cpp", torch.float32), ("cpp", torch.bfloat16)):
-                seconds = time_decode_step(shape, batch, context_len, shared_prefix, kv_dtype, backend == "cpp",
-                                           repeats if backend == "cpp" else torch_repeats)
+                seconds, bandwidth = time_decode_step(shape, batch, context_len, shared_prefix, kv_dtype,
+                                                      backend == "cpp", repeats if backend == "cpp" else torch_repeats)
                 num_bytes = (2 * shape.num_layers * batch * context_len * shape.num_kv_heads * shape.head_dim
                              * kv_dtype.itemsize)
                 bound = num_bytes / bandwidth
                 print(f"{context_len:>7} {shared_prefix:>6} {backend:>7} {str(kv_dtype)[6:]:>8} "
-                      f"{seconds * 1e3:>8.1f} {num_bytes / 1e6:>8.0f} {bound * 1e3:>8.1f} {seconds / bound:>7.2f}")
+                      f"{seconds * 1e3:>8.1f} {num_bytes / 1e6:>8.0f} {bandwidth / 1e9:>5.1f} {bound * 1e3:>8.1f} "
+                      f"{seconds / bound:>7.2f}")

@@ -7,7 +7,10 @@ the model forward: norms, rotary, activations, copies, Python), prep (the runner
 logits), sampler, scheduler (schedule + update), engine (the rest of `engine.step`: detokenizing, outputs).
 
 Bounds: attention's is the K/V bytes the decode rows read (every request's whole context, shared blocks counted
-per request) over the read bandwidth measured here; the linears' is their weight bytes over the same bandwidth.
+per request) over the read bandwidth of the KV cache itself; the linears' is their weight bytes over the read
+bandwidth of those weights. Both bandwidths are measured in the same run by streaming reductions over those very
+tensors with the engine's threads: on this machine a fresh buffer's read bandwidth varied 2-3x from one allocation
+to the next, so one figure measured elsewhere made a loose, noisy yardstick (it is still printed, for reference).
 
 Contexts are prefilled through the first decoder layer only, and its K/V are copied into the other layers: a decode
 step's cost depends on shapes, not on the values, and this makes the full grid's prefill about 30x cheaper.
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.bench.step_probe import StepProbe, weight_bytes
+from radixlm.bench.step_probe import StepProbe, read_seconds, weight_bytes, weight_tensors
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.model.kv_cache import kv_bytes_per_token
 from radixlm.sampling_params import SamplingParams
@@ -74,18 +77,19 @@ def bench_step(engine_options: dict, grid: StepGrid, seed: int = 0) -> list[Step
     if engine_options.get("num_threads"):
         torch.set_num_threads(int(engine_options["num_threads"]))  # the engine sets it too: measure alike
     bandwidth = read_bandwidth()
-    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s, torch threads {torch.get_num_threads()}")
+    print(f"read bandwidth of a fresh buffer {bandwidth / 1e9:.1f} GB/s (reference only), torch threads "
+          f"{torch.get_num_threads()}")
     rows = []
     for context_len in grid.context_lens:
         for shared in grid.shared_prefix:
-            rows += _bench_setting(engine_options, grid, context_len, shared, bandwidth, seed)
+            rows += _bench_setting(engine_options, grid, context_len, shared, seed)
             print_rows(rows[-len(grid.batch_sizes):])
     print("\nall settings:")
     print_rows(rows)
     return rows
 
 
-def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, shared: bool, bandwidth: float,
+def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, shared: bool,
                    seed: int) -> list[StepRow]:
     max_batch = max(grid.batch_sizes)
     options = {"max_num_seqs": max_batch, "enable_prefix_caching": shared, **engine_options}
@@ -95,6 +99,9 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
         options["num_kv_blocks"] = max_batch * math.ceil(tokens / block_size) + 4
     engine = build_engine(**options)
     _prefill(engine, max_batch, context_len, shared, seed)
+    linears_bandwidth, kv_bandwidth = _part_bandwidths(engine)
+    print(f"read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of the KV cache "
+          f"{kv_bandwidth / 1e9:.1f} GB/s")
     probe = StepProbe(engine)
     rows = []
     try:
@@ -107,11 +114,20 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
             for _ in range(grid.num_steps):
                 probe.step()
             ms = {part: 1e3 * seconds / grid.num_steps for part, seconds in probe.totals.items()}
-            rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / bandwidth,
-                                1e3 * weight_bytes(engine.runner.model) / bandwidth))
+            rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / kv_bandwidth,
+                                1e3 * weight_bytes(engine.runner.model) / linears_bandwidth))
     finally:
         probe.close()
     return sorted(rows, key=lambda r: r.batch_size)
+
+
+def _part_bandwidths(engine: LLMEngine) -> tuple[float, float]:
+    """Bytes per second of a streaming read over the linear layers' weights, and over the KV cache."""
+    weights = weight_tensors(engine.runner.model)
+    cache = engine.runner.kv_cache
+    caches = [*cache.key_caches, *cache.value_caches]
+    return (sum(t.numel() * t.element_size() for t in weights) / read_seconds(weights),
+            sum(t.numel() * t.element_size() for t in caches) / read_seconds(caches))
 
 
 def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: bool, seed: int) -> None:

@@ -8,11 +8,13 @@ timers are honest; the hooks themselves add about a microsecond per linear call.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -26,6 +28,34 @@ PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "sched
 
 def linear_modules(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, LINEAR_TYPES)]
+
+
+def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The weight tensors the linear layers read at small batch (an `Int8Linear` without the small-batch kernel
+    reads fbgemm's packed copy, which is not a tensor: its bytes are left out here, counted in `weight_bytes`)."""
+    tensors = []
+    for module in linear_modules(model):
+        if isinstance(module, Int8Linear):
+            if module._small_batch is not None:
+                tensors.append(module._small_batch.weight)
+        else:
+            tensors.append(module.weight)
+    return tensors
+
+
+def read_seconds(tensors: list[torch.Tensor], repeats: int = 5) -> float:
+    """Best time of one streaming read over all of `tensors` (a max-reduction over their bytes as int32, or as
+    bytes when their size is not a multiple of 4). Timing the very bytes a part of the step reads makes a fair
+    bound on this machine, where the read bandwidth of two buffers measured seconds apart differed 2-3x."""
+    views = [t.view(torch.int32) if t.numel() * t.element_size() % 4 == 0 and t.is_contiguous()
+             else t.view(torch.uint8) for t in (t.detach().reshape(-1) for t in tensors)]
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for view in views:
+            view.amax()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def weight_bytes(model: nn.Module) -> int:

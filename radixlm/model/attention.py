@@ -41,6 +41,12 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     value_cache.index_copy_(0, radix_attn.slot_mapping, new_values.to(value_cache.dtype))
 
     queries = query[0]  # [Hq, T, D]
+    decode = radix_attn.decode
+    if decode is not None and decode.tables is not None and not radix_attn.prefills and decode.rows_are_prefix:
+        # Every row decodes (the usual step): the kernel's output is the whole output, no copy.
+        out = _decode_kernel(queries.transpose(0, 1), key_cache, value_cache, decode, scaling, sliding_window,
+                             softcap)
+        return out[None], None
     output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
     if radix_attn.decode is not None and radix_attn.decode.tables is not None:
         _attend_decodes_kernel(queries, key_cache, value_cache, radix_attn.decode, output, scaling, sliding_window,
@@ -58,16 +64,22 @@ def _attend_decodes_kernel(queries: torch.Tensor, key_cache: torch.Tensor, value
                            group: DecodeGroup, output: torch.Tensor, scaling: float | None,
                            sliding_window: int | None, softcap: float | None) -> None:
     """All decodes in one C++ call that reads their blocks in place."""
-    assert group.tables is not None
     batch = len(group.context_lens)
     rows = queries.transpose(0, 1)  # [T, Hq, D]
     q = rows[:batch] if group.rows_are_prefix else rows.index_select(0, group.query_rows)
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = paged_decode_attention(q, key_cache, value_cache, group.tables, scale, sliding_window, softcap)
+    out = _decode_kernel(q, key_cache, value_cache, group, scaling, sliding_window, softcap)
     if group.rows_are_prefix:
         output[:batch] = out
     else:
         output[group.query_rows] = out
+
+
+def _decode_kernel(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup,
+                   scaling: float | None, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """q `[B, Hq, D]` (any strides) -> `[B, Hq, D]` from the C++ kernel."""
+    assert group.tables is not None
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    return paged_decode_attention(q, key_cache, value_cache, group.tables, scale, sliding_window, softcap)
 
 
 def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

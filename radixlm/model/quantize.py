@@ -4,7 +4,8 @@ Weights are int8 with one scale per output channel (symmetric, quantized once at
 quantized per token at every call. PyTorch's dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, fbgemm)
 measured about twice as fast as fp32 at batch 1 and 1.5x at batch 64 on this AVX2 CPU; torchao's eager int8
 kernels were 10-20x slower than it at batch 1 (they need `torch.compile`), and `torch._int_mm` /
-`torch._weight_int8pack_mm` were far slower at batch > 1.
+`torch._weight_int8pack_mm` were far slower at batch > 1. Up to `MAX_ROWS` rows, radixlm._C's int8 kernel computes
+the same numbers faster (`radixlm.model.small_batch`).
 
 fbgemm picks one activation scale for the whole input, which would make a token's output depend on the other tokens
 of its batch (and greedy output on batching and chunking). We make it per token: each row is divided by its own
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
+from radixlm.model.small_batch import MAX_ROWS, Int8Rows
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -36,7 +38,9 @@ REDUCE_RANGE = False
 class Int8Linear(nn.Module):
     """Drop-in for a float32 `nn.Linear`: int8 per-channel weights, per-token int8 activations, float32 output."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small_batch: bool | None = None) -> None:
+        """`small_batch`: run up to `MAX_ROWS` rows through radixlm._C's int8 kernel (bit-identical, faster; it
+        keeps its own copy of the int8 weights); None: when the extension is built."""
         super().__init__()
         if weight.dtype != torch.float32:
             raise ValueError(f"int8 quantization needs float32 weights, got {weight.dtype}")
@@ -51,6 +55,9 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+        if small_batch is None:
+            small_batch = Int8Rows.supported(self.in_features)
+        self._small_batch = Int8Rows(qweight.int_repr(), qweight.q_per_channel_scales()) if small_batch else None
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         range_row = torch.zeros(1, self.in_features)
         range_row[0, 0], range_row[0, -1] = 1.0, -1.0
@@ -58,10 +65,12 @@ class Int8Linear(nn.Module):
         self.weight_bytes = weight.numel() + 4 * self.out_features  # int8 values + float32 scales
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
-        return cls(linear.weight, linear.bias)
+    def from_linear(cls, linear: nn.Linear, small_batch: bool | None = None) -> Int8Linear:
+        return cls(linear.weight, linear.bias, small_batch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._small_batch is not None and x.numel() <= MAX_ROWS * self.in_features:
+            return self._small_batch(x, self.bias)
         rows = x.reshape(-1, self.in_features)
         row_max = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
         normalized = torch.cat((rows / row_max, self.range_row))
@@ -75,10 +84,11 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def quantize_model(model: nn.Module, method: str) -> int:
+def quantize_model(model: nn.Module, method: str, small_batch: bool | None = None) -> int:
     """Replace every float32 `nn.Linear` of `model` (the LM head included) in place; returns how many.
 
-    A head tied to the input embedding gets its own int8 copy: the embedding lookup stays float32.
+    A head tied to the input embedding gets its own int8 copy: the embedding lookup stays float32. `small_batch`:
+    see `Int8Linear`.
     """
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}")
@@ -86,5 +96,5 @@ def quantize_model(model: nn.Module, method: str) -> int:
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(linear))
+        setattr(parent, child, Int8Linear.from_linear(linear, small_batch))
     return len(targets)

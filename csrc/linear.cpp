@@ -1,0 +1,329 @@
+// Linear layers for a few rows (decode at small batch): y = x W^T (+ b) with W [N, K] row-major, x [..., K] holding
+// M <= kMaxRows rows.
+//
+// At one row a linear layer is a matrix-vector product that must read every weight once: it is bound by memory
+// bandwidth, not arithmetic. A general GEMM at M = 1 pays packing and blocking meant for large M; here each thread
+// takes a contiguous range of output channels and streams their weight rows once, four rows side by side (four
+// independent memory streams), against every input row held in L1.
+//
+// int8 (per-output-channel weight scales, per-row activations) reproduces PyTorch's fbgemm dynamic linear exactly as
+// radixlm.model.quantize.Int8Linear calls it: each row is divided by its absolute maximum, quantized to uint8 with
+// scale 2/255 and zero point 128 (what fbgemm chooses for the range [-1, 1]), multiplied in int32 (exact), and
+// dequantized in the same float order, so a row gives bit-identical output on either path.
+
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxRows = 4;
+// Weight bytes per parallel task: a thread is woken only for tens of microseconds of reading, so small layers run
+// on the calling thread (on a busy machine a woken worker can be descheduled for milliseconds).
+constexpr int64_t kGrainBytes = 512 << 10;
+
+inline int64_t grain_rows(int64_t row_bytes) {
+  return std::max<int64_t>(16, kGrainBytes / std::max<int64_t>(1, row_bytes));
+}
+
+// ---------------------------------------------------------------- float32
+
+// 16 floats; GCC lowers this to one AVX-512 register or two AVX2 ones.
+typedef float v16f __attribute__((vector_size(64)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float hsum(v16f v) {
+  float s = 0.f;
+  for (int i = 0; i < 16; ++i) s += v[i];
+  return s;
+}
+
+// out[m, n0 .. n0 + kTileN) for all rows m of x, from weight rows n0 .. (exactly kTileN of them).
+template <int64_t kRows, int64_t kTileN>
+inline void gemv_tile(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out) {
+  v16f acc[kRows][kTileN] = {};
+  const int64_t k_vec = k_dim / 16 * 16;
+  for (int64_t k = 0; k < k_vec; k += 16) {
+    v16f wv[kTileN];
+    for (int64_t t = 0; t < kTileN; ++t) wv[t] = load16(w + t * k_dim + k);
+    for (int64_t m = 0; m < kRows; ++m) {
+      const v16f xv = load16(x + m * k_dim + k);
+      for (int64_t t = 0; t < kTileN; ++t) acc[m][t] += xv * wv[t];
+    }
+  }
+  for (int64_t m = 0; m < kRows; ++m) {
+    for (int64_t t = 0; t < kTileN; ++t) {
+      float s = hsum(acc[m][t]);
+      for (int64_t k = k_vec; k < k_dim; ++k) s += x[m * k_dim + k] * w[t * k_dim + k];
+      out[m * ld_out + t] = s;
+    }
+  }
+}
+
+template <int64_t kRows>
+inline void gemv_row(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out) {
+  for (int64_t m = 0; m < kRows; ++m) {
+    v16f acc = {};
+    const int64_t k_vec = k_dim / 16 * 16;
+    for (int64_t k = 0; k < k_vec; k += 16) acc += load16(x + m * k_dim + k) * load16(w + k);
+    float s = hsum(acc);
+    for (int64_t k = k_vec; k < k_dim; ++k) s += x[m * k_dim + k] * w[k];
+    out[m * ld_out] = s;
+  }
+}
+
+template <int64_t kRows, int64_t kTileN>
+void gemv_range(const float* x, const float* w, const float* bias, float* out, int64_t n_dim, int64_t k_dim,
+                int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + kTileN <= n_end; n += kTileN) gemv_tile<kRows, kTileN>(x, k_dim, w + n * k_dim, out + n, n_dim);
+  for (; n < n_end; ++n) gemv_row<kRows>(x, k_dim, w + n * k_dim, out + n, n_dim);
+  if (bias != nullptr) {
+    for (int64_t m = 0; m < kRows; ++m) {
+      for (n = n_begin; n < n_end; ++n) out[m * n_dim + n] += bias[n];
+    }
+  }
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight_k,
+                const c10::optional<at::Tensor>& bias, at::ScalarType weight_type) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
+  TORCH_CHECK(x.size(0) <= kMaxRows, "small-batch linear takes 0 to ", kMaxRows, " rows, got ", x.size(0));
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == weight_type && weight.is_contiguous(),
+              "weight must be contiguous [N, K] of ", weight_type);
+  TORCH_CHECK(weight_k == x.size(1), "x has ", x.size(1), " features, weight ", weight_k);
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kFloat &&
+                    bias->is_contiguous(),
+                "bias must be contiguous float32 [N]");
+  }
+}
+
+// Rows as `[M, K]`, contiguous, from x `[..., K]` (a view when x is contiguous).
+at::Tensor as_rows(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1, "x must have a feature dimension");
+  return x.reshape({-1, x.size(-1)}).contiguous();
+}
+
+// x `[..., K]` -> `[..., N]`.
+at::Tensor with_leading_dims(const at::Tensor& out, const at::Tensor& x) {
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = out.size(1);
+  return out.view(sizes);
+}
+
+at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias) {
+  const at::Tensor x = as_rows(input);
+  check_rows(x, weight, weight.dim() == 2 ? weight.size(1) : -1, bias, at::kFloat);
+  const int64_t m_dim = x.size(0), n_dim = weight.size(0), k_dim = x.size(1);
+  at::Tensor out = at::empty({m_dim, n_dim}, x.options());
+  if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n_dim, grain_rows(k_dim * 4), [&](int64_t begin, int64_t end) {
+    // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
+    switch (m_dim) {
+      case 1: gemv_range<1, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 2: gemv_range<2, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 3: gemv_range<3, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      default: gemv_range<4, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+    }
+  });
+  return with_leading_dims(out, input);
+}
+
+// ---------------------------------------------------------------- int8
+
+constexpr int32_t kZeroPoint = 128;
+constexpr int64_t kPrefetchTiles = 1;  // how far ahead (in tiles of rows) the int8 kernel asks for weights
+constexpr int64_t kMaxK = 8192;  // input features of the int8 path (the quantized rows live on the stack)
+
+// Quantize row `x[0..k)` as fbgemm does for the range [-1, 1] after dividing by the row's absolute maximum.
+// Returns that maximum (the row's dequantization factor). `q` gets k bytes, zero-padded to `k_pad`.
+float quantize_row(const float* x, int64_t k, int64_t k_pad, uint8_t* q) {
+  float row_max = 0.f;
+  for (int64_t i = 0; i < k; ++i) row_max = std::max(row_max, std::fabs(x[i]));
+  row_max = std::max(row_max, std::numeric_limits<float>::min());  // all zeros: 0 / tiny = 0
+  const float scale = static_cast<float>(2.0 / 255.0);
+  const float inverse_scale = 1.f / scale;
+  for (int64_t i = 0; i < k; ++i) {
+    const float normalized = x[i] / row_max;
+    const float transformed = std::fma(normalized, inverse_scale, static_cast<float>(kZeroPoint));
+    const float rounded = std::nearbyint(transformed);
+    q[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, rounded)));
+  }
+  std::memset(q + k, kZeroPoint, k_pad - k);  // padding: zero after the zero-point correction below
+  return row_max;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// The lane sums of 8 vectors as one vector of 8: a transposing tree of shuffles and adds (about 3 instructions a
+// vector instead of about 10 for 8 separate horizontal sums, which dominated short rows).
+inline __m256i reduce8(const __m512i* v) {
+  __m512i half[4];  // lanes 0-7: v[2i]'s 8 partial sums, lanes 8-15: v[2i+1]'s
+  for (int i = 0; i < 4; ++i) {
+    half[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
+                               _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  __m512i quarter[2];  // 128-bit lane j: the 4 partial sums of vector 4i + j
+  for (int i = 0; i < 2; ++i) {
+    quarter[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(half[2 * i], half[2 * i + 1], 0x88),
+                                  _mm512_shuffle_i32x4(half[2 * i], half[2 * i + 1], 0xDD));
+  }
+  // In 128-bit lane j: [a, e, a, e] with a = sum of vector j, e = sum of vector 4 + j.
+  const __m512i pairs = _mm512_add_epi32(_mm512_unpacklo_epi32(quarter[0], quarter[1]),
+                                         _mm512_unpackhi_epi32(quarter[0], quarter[1]));
+  const __m512i sums = _mm512_add_epi32(pairs, _mm512_shuffle_epi32(pairs, _MM_PERM_BADC));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, sums));
+}
+#endif
+
+// raw[m][t] = sum_k (q[m][k] - 128) * w[t][k] for kTileN weight rows w[t] = w + t * k_pad and kRows quantized
+// rows (uint8 x int8 products summed in int32: exact, and equal to fbgemm's after its zero-point correction).
+template <int64_t kRows, int64_t kTileN>
+inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad, const int32_t* sums,
+                      int32_t (*raw)[kTileN]) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512i acc[kRows][kTileN];
+  for (int64_t m = 0; m < kRows; ++m) {
+    for (int64_t t = 0; t < kTileN; ++t) acc[m][t] = _mm512_setzero_si512();
+  }
+  for (int64_t k = 0; k < k_pad; k += 64) {
+    __m512i wv[kTileN];
+    for (int64_t t = 0; t < kTileN; ++t) {
+      // The next tile's rows, one line per line read: the rows are short, and without this the loads stall.
+      __builtin_prefetch(w + (kPrefetchTiles * kTileN + t) * k_pad + k, 0, 2);
+      wv[t] = _mm512_loadu_si512(w + t * k_pad + k);
+    }
+    for (int64_t m = 0; m < kRows; ++m) {
+      const __m512i qv = _mm512_loadu_si512(q[m] + k);
+      for (int64_t t = 0; t < kTileN; ++t) acc[m][t] = _mm512_dpbusd_epi32(acc[m][t], qv, wv[t]);
+    }
+  }
+  for (int64_t m = 0; m < kRows; ++m) {
+    if constexpr (kTileN % 8 == 0) {
+      for (int64_t t = 0; t < kTileN; t += 8) {
+        const __m256i total = reduce8(acc[m] + t);
+        const __m256i correction = _mm256_mullo_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + t)), _mm256_set1_epi32(kZeroPoint));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(raw[m] + t), _mm256_sub_epi32(total, correction));
+      }
+    } else {
+      for (int64_t t = 0; t < kTileN; ++t) raw[m][t] = _mm512_reduce_add_epi32(acc[m][t]) - kZeroPoint * sums[t];
+    }
+  }
+#else
+  for (int64_t m = 0; m < kRows; ++m) {
+    for (int64_t t = 0; t < kTileN; ++t) {
+      int32_t acc = 0;
+      for (int64_t k = 0; k < k_pad; ++k) acc += static_cast<int32_t>(q[m][k]) * w[t * k_pad + k];
+      raw[m][t] = acc - kZeroPoint * sums[t];
+    }
+  }
+#endif
+}
+
+struct Int8Problem {
+  const uint8_t (*q)[kMaxK];  // [kMaxRows][kMaxK] quantized rows
+  const float* row_max;       // [M]
+  const int8_t* weight;       // [N, k_pad]
+  const float* scales;        // [N]
+  const int32_t* sums;        // [N]
+  const float* bias;          // [N] or null
+  float* out;                 // [M, N]
+  int64_t n_dim, k_pad;
+};
+
+// fbgemm's dequantization order, (raw * (activation scale * weight scale)), then Int8Linear's * row max + bias,
+// each product and sum rounded on its own as PyTorch rounds them (no fused multiply-add), so the results are equal.
+template <int64_t kRows, int64_t kTileN>
+__attribute__((optimize("fp-contract=off"))) void int8_store(const Int8Problem& p, int64_t n, int64_t count, const int32_t (*raw)[kTileN]) {
+  const float activation_scale = static_cast<float>(2.0 / 255.0);
+  for (int64_t m = 0; m < kRows; ++m) {
+    for (int64_t t = 0; t < count; ++t) {
+      float res = static_cast<float>(raw[m][t]) * (activation_scale * p.scales[n + t]);
+      res = res * p.row_max[m];
+      if (p.bias != nullptr) res += p.bias[n + t];
+      p.out[m * p.n_dim + n + t] = res;
+    }
+  }
+}
+
+template <int64_t kRows, int64_t kTileN>
+void int8_range(const Int8Problem& p, int64_t n_begin, int64_t n_end) {
+  int32_t raw[kRows][kTileN];
+  int64_t n = n_begin;
+  for (; n + kTileN <= n_end; n += kTileN) {
+    int8_tile<kRows, kTileN>(p.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, raw);
+    int8_store<kRows, kTileN>(p, n, kTileN, raw);
+  }
+  for (; n < n_end; ++n) {
+    int32_t one[kRows][1];
+    int8_tile<kRows, 1>(p.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, one);
+    int8_store<kRows, 1>(p, n, 1, one);
+  }
+}
+
+// weight [N, K_pad]: int8 rows zero-padded to K_pad, a multiple of 64 bytes (whole VNNI loads), K <= K_pad.
+at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& weight_scales,
+                                   const at::Tensor& weight_sums, const c10::optional<at::Tensor>& bias) {
+  const at::Tensor x = as_rows(input);
+  TORCH_CHECK(weight.dim() == 2, "weight must be 2-D");
+  const int64_t m_dim = x.size(0), n_dim = weight.size(0), k_dim = x.size(1), k_pad = weight.size(1);
+  TORCH_CHECK(k_pad % 64 == 0 && k_dim <= k_pad && k_pad - k_dim < 64 && k_pad <= kMaxK,
+              "int8 weight rows must be the input features (at most ", kMaxK,
+              ") zero-padded to a multiple of 64");
+  check_rows(x, weight, k_dim, bias, at::kChar);
+  TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == n_dim &&
+                  weight_scales.is_contiguous(), "weight_scales must be contiguous float32 [N]");
+  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n_dim && weight_sums.is_contiguous(),
+              "weight_sums must be contiguous int32 [N]");
+  at::Tensor out = at::empty({m_dim, n_dim}, x.options());
+  if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
+  alignas(64) uint8_t q[kMaxRows][kMaxK];
+  float row_max[kMaxRows];
+  for (int64_t m = 0; m < m_dim; ++m) row_max[m] = quantize_row(x.data_ptr<float>() + m * k_dim, k_dim, k_pad, q[m]);
+  const Int8Problem p{q, row_max, weight.data_ptr<int8_t>(), weight_scales.data_ptr<float>(),
+                      weight_sums.data_ptr<int32_t>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                      out.data_ptr<float>(), n_dim, k_pad};
+  at::parallel_for(0, n_dim, grain_rows(k_pad), [&](int64_t begin, int64_t end) {
+    switch (m_dim) {
+      case 1: int8_range<1, 8>(p, begin, end); break;
+      case 2: int8_range<2, 8>(p, begin, end); break;
+      case 3: int8_range<3, 4>(p, begin, end); break;
+      default: int8_range<4, 4>(p, begin, end); break;
+    }
+  });
+  return with_leading_dims(out, input);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixlm, m) {
+  m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("small_batch_int8_linear(Tensor x, Tensor weight, Tensor weight_scales, Tensor weight_sums, Tensor? bias) "
+        "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("small_batch_linear", &small_batch_linear);
+  m.impl("small_batch_int8_linear", &small_batch_int8_linear);
+}

@@ -1,0 +1,99 @@
+"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear.cpp).
+
+At batch 1 (a decode step of one request) every linear layer is a matrix-vector product that must read all of its
+weights once: memory-bound. PyTorch's float32 `F.linear` (MKL sgemm) measured about 3-4x the time a plain streaming
+read of the same weights takes at M = 1 on this CPU, and fbgemm's int8 dynamic linear, wrapped with the per-token
+scaling of `Int8Linear`, about 2x; the C++ kernels stream each weight row once and stay within a few percent to ~25%
+of that read time for up to `MAX_ROWS` rows. Above `MAX_ROWS` rows the PyTorch kernels (the reference) run.
+
+The int8 kernel computes exactly what fbgemm computes for `Int8Linear` (same quantized activations, exact int32 sums,
+the same float rounding steps), so a row's output is bit-identical on either path and never depends on the batch.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.model.decode_kernel import extension_error
+
+MAX_ROWS = 4  # the kernels' limit: rows of x (tokens) per call
+INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
+INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
+
+
+def kernels_available() -> bool:
+    """True when radixlm._C imports; its ops then have fake kernels too, so `torch.compile` treats them as opaque."""
+    return extension_error() is None and _register_fakes()
+
+
+@cache
+def _register_fakes() -> bool:
+    @torch.library.register_fake("radixlm::small_batch_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+    @torch.library.register_fake("radixlm::small_batch_int8_linear")
+    def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
+          bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+    return True
+
+
+class SmallBatchLinear(nn.Linear):
+    """A float32 `nn.Linear` that runs the C++ kernel for up to `MAX_ROWS` rows and `F.linear` above."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> SmallBatchLinear:
+        """Shares `linear`'s parameters (no copy)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.bias = linear.bias
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Per call overhead matters at one row (a forward has ~200 linears): one size test, one op call.
+        if x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.radixlm.small_batch_linear.default(x, self.weight, self.bias)
+
+
+def use_small_batch_linears(model: nn.Module) -> int:
+    """Replace every float32 `nn.Linear` of `model` by a `SmallBatchLinear` sharing its weights; returns how many.
+    Needs the extension (see `kernels_available`)."""
+    if not kernels_available():
+        raise RuntimeError(f"radixlm._C is not built: {extension_error()}")
+    targets = [(name, module) for name, module in model.named_modules()
+               if type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.is_contiguous()]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, SmallBatchLinear.from_linear(linear))
+    return len(targets)
+
+
+class Int8Rows:
+    """The int8 kernel's copy of an int8 weight `[N, K]`: rows zero-padded to `INT8_ROW_ALIGN` bytes, the float32
+    scale and the int32 sum of each row (fbgemm's zero-point correction)."""
+
+    def __init__(self, int8_weight: torch.Tensor, scales: torch.Tensor) -> None:
+        out_features, in_features = int8_weight.shape
+        padded = -(-in_features // INT8_ROW_ALIGN) * INT8_ROW_ALIGN
+        self.weight = torch.zeros(out_features, padded, dtype=torch.int8)
+        self.weight[:, :in_features] = int8_weight
+        self.scales = scales.float().contiguous()
+        self.sums = int8_weight.sum(dim=1, dtype=torch.int32)
+
+    @staticmethod
+    def supported(in_features: int) -> bool:
+        return in_features <= INT8_MAX_FEATURES and kernels_available()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x `[..., K]` float32 of at most `MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path computes it."""
+        return torch.ops.radixlm.small_batch_int8_linear.default(x, self.weight, self.scales, self.sums, bias)

@@ -1,0 +1,98 @@
+"""The C++ small-batch linears against PyTorch's kernels (the reference): float32 close, int8 bit-identical."""
+
+import pytest
+import torch
+from torch import nn
+
+from radixlm.model.decode_kernel import extension_error
+from radixlm.model.quantize import Int8Linear
+from radixlm.model.small_batch import MAX_ROWS, SmallBatchLinear, use_small_batch_linears
+
+pytestmark = pytest.mark.skipif(extension_error() is not None,
+                                reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
+
+# (in, out): multiples of the kernels' tiles and not
+SHAPES = [(576, 960), (1536, 576), (96, 80), (70, 37), (17, 5), (2, 300)]
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_kernel_matches_linear(in_features, out_features, bias):
+    torch.manual_seed(in_features + out_features)
+    linear = nn.Linear(in_features, out_features, bias=bias).requires_grad_(False)
+    fast = SmallBatchLinear.from_linear(linear)
+    assert fast.weight is linear.weight
+    for num_rows in range(1, MAX_ROWS + 2):
+        x = torch.randn(num_rows, in_features)
+        with torch.inference_mode():
+            torch.testing.assert_close(fast(x), linear(x), atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        assert fast(torch.randn(1, 0, in_features)).shape == (1, 0, out_features)  # no rows
+    x = torch.randn(2, 3, in_features)  # 6 rows: PyTorch's kernel, exactly
+    with torch.inference_mode():
+        assert torch.equal(fast(x), linear(x))
+        assert fast(x[:1, :1]).shape == (1, 1, out_features)
+
+
+@pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_kernel_is_bit_identical_to_fbgemm(in_features, out_features, bias):
+    torch.manual_seed(in_features * out_features)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    kernel = Int8Linear.from_linear(linear, small_batch=True)
+    reference = Int8Linear.from_linear(linear, small_batch=False)
+    assert kernel._small_batch is not None and reference._small_batch is None
+    for num_rows in range(1, MAX_ROWS + 1):
+        for magnitude in (1e-3, 1.0, 1e3):
+            x = torch.randn(num_rows, in_features) * magnitude
+            x[0, 0] = 50 * magnitude  # an outlier
+            with torch.inference_mode():
+                assert torch.equal(kernel(x), reference(x))
+    with torch.inference_mode():
+        assert kernel(torch.randn(1, 0, in_features)).shape == (1, 0, out_features)  # no rows
+        assert torch.equal(kernel(x[None, :1]), reference(x[None, :1]))  # 3-D input
+        zeros = torch.zeros(1, in_features)
+        assert torch.equal(kernel(zeros), reference(zeros))
+        batch = torch.randn(7, in_features)  # above MAX_ROWS: fbgemm; each row alone: the kernel
+        assert torch.equal(torch.cat([kernel(row[None]) for row in batch]), kernel(batch))
+
+
+def test_model_linears_are_replaced_and_agree():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.SiLU(), nn.Linear(128, 32, bias=False)).requires_grad_(False)
+    x = torch.randn(1, 64)
+    with torch.inference_mode():
+        expected = model(x)
+        assert use_small_batch_linears(model) == 2
+        assert all(isinstance(model[i], SmallBatchLinear) for i in (0, 2))
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+    assert use_small_batch_linears(model) == 0  # already replaced
+
+
+def test_bad_inputs_raise():
+    weight = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="0 to 4 rows"):
+        torch.ops.radixlm.small_batch_linear(torch.randn(MAX_ROWS + 1, 16), weight, None)
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.radixlm.small_batch_linear(torch.randn(1, 15), weight, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        torch.ops.radixlm.small_batch_linear(torch.randn(1, 16), weight, torch.zeros(7))
+    int8 = torch.zeros(8, 64, dtype=torch.int8)
+    scales, sums = torch.ones(8), torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="zero-padded"):
+        torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 65), int8, scales, sums, None)
+    with pytest.raises(RuntimeError, match="weight_sums"):
+        torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 16), int8, scales, sums[:4], None)
+
+
+def test_ops_are_opaque_to_torch_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from radixlm.model.small_batch import kernels_available
+
+    assert kernels_available()
+    with FakeTensorMode():
+        out = torch.ops.radixlm.small_batch_linear(torch.empty(3, 16), torch.empty(8, 16), None)
+        int8 = torch.ops.radixlm.small_batch_int8_linear(torch.empty(2, 16), torch.empty(8, 64, dtype=torch.int8),
+                                                         torch.empty(8), torch.empty(8, dtype=torch.int32), None)
+    assert out.shape == (3, 8) and int8.shape == (2, 8)
