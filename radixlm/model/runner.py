@@ -60,8 +60,10 @@ class ModelRunner:
         self.dtype = getattr(torch, model_config.dtype)
         self.attention_backend = resolve_backend(model_config.attention_backend)
         kv_dtype = self.dtype if cache_config.kv_cache_dtype == "auto" else getattr(torch, cache_config.kv_cache_dtype)
+        # --attention-backend torch is the all-PyTorch reference: no C++ linears either.
         self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
-                                                 model_config.quantization)
+                                                 model_config.quantization,
+                                                 small_batch_kernels=self.attention_backend == "cpp")
         self.shape = ModelShape.from_config(self.model.config)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              kv_dtype)
