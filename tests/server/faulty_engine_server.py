@@ -29,10 +29,10 @@ def main() -> None:
         engine = real_build_engine(**options)
         execute, check = engine.runner.execute, engine.scheduler.check_invariants
 
-        def execute_or_fail(output, *args):  # type: ignore[no-untyped-def]
-            if any(engine.scheduler.requests[c.request_id].sampling_params.top_k == 13 for c in output.chunks):
+        def execute_or_fail(chunks, *args):  # type: ignore[no-untyped-def]
+            if any(engine.scheduler.requests[c.request_id].sampling_params.top_k == 13 for c in chunks):
                 raise RuntimeError("injected forward fault")
-            return execute(output, *args)
+            return execute(chunks, *args)
 
         def check_or_fail() -> None:
             check()
