@@ -104,7 +104,7 @@ async def run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list[
     import openai  # a dev dependency (requirements-dev.txt): only the benchmark needs a client
 
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=options.extra.get("api_key") or "unused",
-                                max_retries=0, timeout=3600)
+                                max_retries=2, timeout=3600)  # a peer may drop an idle keep-alive connection
     model = (await client.models.list()).data[0].id
     await client.completions.create(model=model, prompt="warm up", max_tokens=4)
     results = []
