@@ -26,7 +26,7 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 4;
+constexpr int64_t kMaxRows = 9;  // a decode verifying up to 8 draft tokens
 // Weight bytes per parallel task: a thread is woken only for tens of microseconds of reading, so small layers run
 // on the calling thread (on a busy machine a woken worker can be descheduled for milliseconds).
 constexpr int64_t kGrainBytes = 512 << 10;
@@ -143,7 +143,12 @@ at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
       case 1: gemv_range<1, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
       case 2: gemv_range<2, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
       case 3: gemv_range<3, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      default: gemv_range<4, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 4: gemv_range<4, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 5: gemv_range<5, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 6: gemv_range<6, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 7: gemv_range<7, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      case 8: gemv_range<8, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
+      default: gemv_range<9, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
     }
   });
   return with_leading_dims(out, input);
@@ -309,7 +314,12 @@ at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& we
       case 1: int8_range<1, 8>(p, begin, end); break;
       case 2: int8_range<2, 8>(p, begin, end); break;
       case 3: int8_range<3, 4>(p, begin, end); break;
-      default: int8_range<4, 4>(p, begin, end); break;
+      case 4: int8_range<4, 4>(p, begin, end); break;
+      case 5: int8_range<5, 2>(p, begin, end); break;
+      case 6: int8_range<6, 2>(p, begin, end); break;
+      case 7: int8_range<7, 2>(p, begin, end); break;
+      case 8: int8_range<8, 2>(p, begin, end); break;
+      default: int8_range<9, 2>(p, begin, end); break;
     }
   });
   return with_leading_dims(out, input);

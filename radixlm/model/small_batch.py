@@ -20,7 +20,7 @@ from torch import nn
 
 from radixlm.model.decode_kernel import extension_error
 
-MAX_ROWS = 4  # the kernels' limit: rows of x (tokens) per call
+MAX_ROWS = 9  # the kernels' limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
 

@@ -28,7 +28,7 @@ def test_float32_kernel_matches_linear(in_features, out_features, bias):
             torch.testing.assert_close(fast(x), linear(x), atol=1e-5, rtol=1e-5)
     with torch.inference_mode():
         assert fast(torch.randn(1, 0, in_features)).shape == (1, 0, out_features)  # no rows
-    x = torch.randn(2, 3, in_features)  # 6 rows: PyTorch's kernel, exactly
+    x = torch.randn(2, MAX_ROWS // 2 + 1, in_features)  # above MAX_ROWS: PyTorch's kernel, exactly
     with torch.inference_mode():
         assert torch.equal(fast(x), linear(x))
         assert fast(x[:1, :1]).shape == (1, 1, out_features)
@@ -53,7 +53,7 @@ def test_int8_kernel_is_bit_identical_to_fbgemm(in_features, out_features, bias)
         assert torch.equal(kernel(x[None, :1]), reference(x[None, :1]))  # 3-D input
         zeros = torch.zeros(1, in_features)
         assert torch.equal(kernel(zeros), reference(zeros))
-        batch = torch.randn(7, in_features)  # above MAX_ROWS: fbgemm; each row alone: the kernel
+        batch = torch.randn(MAX_ROWS + 2, in_features)  # above MAX_ROWS: fbgemm; each row alone: the kernel
         assert torch.equal(torch.cat([kernel(row[None]) for row in batch]), kernel(batch))
 
 
@@ -71,7 +71,7 @@ def test_model_linears_are_replaced_and_agree():
 
 def test_bad_inputs_raise():
     weight = torch.randn(8, 16)
-    with pytest.raises(RuntimeError, match="0 to 4 rows"):
+    with pytest.raises(RuntimeError, match=f"0 to {MAX_ROWS} rows"):
         torch.ops.radixlm.small_batch_linear(torch.randn(MAX_ROWS + 1, 16), weight, None)
     with pytest.raises(RuntimeError, match="features"):
         torch.ops.radixlm.small_batch_linear(torch.randn(1, 15), weight, None)
