@@ -22,7 +22,7 @@ from transformers.utils import logging as hf_logging
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.fused_ops import fuse_small_ops
 from radixlm.model.quantize import quantize_model
-from radixlm.model.small_batch import kernels_available, use_small_batch_linears
+from radixlm.model.small_batch import int8_kernel_is_vectorized, kernels_available, use_small_batch_linears
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                quantization: str | None = None, small_batch_kernels: bool | None = None) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
-    refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 4 rows through
+    refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows through
     radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only."""
     config = AutoConfig.from_pretrained(model_dir)
     hf_logging.disable_progress_bar()
@@ -124,7 +124,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     if small_batch_kernels is None:
         small_batch_kernels = kernels_available()
     if quantization is not None:
-        num_linears = quantize_model(model, quantization, small_batch=small_batch_kernels)
+        num_linears = quantize_model(model, quantization,
+                                     small_batch=small_batch_kernels and int8_kernel_is_vectorized())
         logger.info("quantized %d linear layers to %s", num_linears, quantization)
     elif small_batch_kernels:
         logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))

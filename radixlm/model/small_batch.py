@@ -25,6 +25,17 @@ INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
 
 
+def int8_kernel_is_vectorized() -> bool:
+    """True on CPUs with AVX-512 VNNI, which the int8 kernel is written for (the extension is built with
+    -march=native on the machine that runs it). Elsewhere it falls back to a plain loop, slower than fbgemm, so the
+    int8 linears stay on fbgemm there."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in cpuinfo)
+    except OSError:
+        return False
+
+
 def kernels_available() -> bool:
     """True when radixlm._C imports; its ops then have fake kernels too, so `torch.compile` treats them as opaque."""
     return extension_error() is None and _register_fakes()
