@@ -84,6 +84,18 @@ SPEC_BASE = "--num-threads 2 --quantization int8"
 SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
 
 
+def _add_side_by_side_args(parser: argparse.ArgumentParser, radixlm_sets: str, cases: str) -> None:
+    """`bench peers` and `bench spec`: radixlm flag sets and llama-server, one server at a time, the same cases."""
+    parser.add_argument("--radixlm", default=radixlm_sets,
+                        help="';'-separated radixlm serve flag sets, one server each")
+    parser.add_argument("--cases", default=cases, help="comma-separated WORKLOAD@CONCURRENCY:REQUESTS")
+    parser.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
+                        help="starts llama-server on the port given as its argument (empty: no peer)")
+    parser.add_argument("--peer-port", type=int, default=8002)
+    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.set_defaults(handler=_cmd_peers)
+
+
 def _cmd_peers(args: argparse.Namespace) -> None:
     from radixlm.bench.peers import Case, bench_peers
 
@@ -196,27 +208,12 @@ def add_bench_commands(commands: Any) -> None:
     trace.set_defaults(handler=_cmd_trace)
 
     peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
-    peers.add_argument("--radixlm", default="--num-threads 2;--num-threads 2 --quantization int8",
-                       help="';'-separated radixlm serve flag sets, one server each")
-    peers.add_argument("--cases", default="random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64",
-                       help="comma-separated WORKLOAD@CONCURRENCY:REQUESTS")
-    peers.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
-                       help="starts llama-server on the port given as its argument (empty: no peer)")
-    peers.add_argument("--peer-port", type=int, default=8002)
-    peers.add_argument("--workload-seed", type=int, default=0)
-    peers.set_defaults(handler=_cmd_peers)
-
+    _add_side_by_side_args(peers, "--num-threads 2;--num-threads 2 --quantization int8",
+                           "random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64")
     spec = kinds.add_parser("spec", help="speculative decoding on and off, and llama-server, at concurrency 1 on an "
                                          "input-grounded workload and on random prompts (bench peers' table)")
-    spec.add_argument("--radixlm", default=f"{SPEC_BASE};{SPEC_BASE} --speculative-config '{SPEC_CONFIG}'",
-                      help="';'-separated radixlm serve flag sets, one server each")
-    spec.add_argument("--cases", default="grounded@1:4,random@1:8",
-                      help="comma-separated WORKLOAD@CONCURRENCY:REQUESTS")
-    spec.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
-                      help="starts llama-server on the port given as its argument (empty: no peer)")
-    spec.add_argument("--peer-port", type=int, default=8002)
-    spec.add_argument("--workload-seed", type=int, default=0)
-    spec.set_defaults(handler=_cmd_peers)
+    _add_side_by_side_args(spec, f"{SPEC_BASE};{SPEC_BASE} --speculative-config '{SPEC_CONFIG}'",
+                           "grounded@1:4,random@1:8")
 
     soak = kinds.add_parser("soak", help="hostile and ordinary requests at high concurrency; PASS if nothing broke")
     soak.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")

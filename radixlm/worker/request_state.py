@@ -3,7 +3,7 @@ step deltas and by the tokens it samples itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from radixlm.core.step import ForkedRequest, NewRequestData
 from radixlm.sampling_params import SamplingParams
@@ -21,7 +21,7 @@ class WorkerRequest:
     sampling_seed: int
     eos_token_ids: frozenset[int]
     block_table: list[int] = field(default_factory=list)
-    num_drafts_before = 0  # its sampling row is the first of its step (see DraftRow)
+    num_drafts_before: int = 0  # 0, or j for the view `draft_row` makes for sampling row j of a verification
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> WorkerRequest:
@@ -34,28 +34,11 @@ class WorkerRequest:
         return WorkerRequest(fork.child_id, list(self.all_token_ids), self.num_prompt_tokens, self.sampling_params,
                              fork.sampling_seed, self.eos_token_ids, list(fork.block_ids))
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - self.num_prompt_tokens
-
-
-class DraftRow:
-    """Sampling row j of a request verifying drafts: the request as it would be with its first j drafts kept, so
-    the row draws uniform number `num_output_tokens` of the request's stream and counts the drafts before it for
-    penalties and min_tokens, exactly as plain decoding would at that position."""
-
-    def __init__(self, request: WorkerRequest, draft_token_ids: list[int]) -> None:
-        self.request_id = request.request_id
-        self.sampling_params = request.sampling_params
-        self.sampling_seed = request.sampling_seed
-        self.eos_token_ids = request.eos_token_ids
-        self.num_prompt_tokens = request.num_prompt_tokens
-        self.all_token_ids = request.all_token_ids + draft_token_ids
-        self.num_drafts_before = len(draft_token_ids)
+    def draft_row(self, draft_token_ids: list[int]) -> WorkerRequest:
+        """Sampling row j of this request verifying drafts: the request as it would be with its first j drafts
+        kept, so the row draws uniform number `num_output_tokens` of the request's stream and counts the drafts
+        before it for penalties and min_tokens, exactly as plain decoding would at that position."""
+        return replace(self, all_token_ids=self.all_token_ids + draft_token_ids, num_drafts_before=len(draft_token_ids))
 
     @property
     def num_tokens(self) -> int:

@@ -22,7 +22,7 @@ from radixlm.sample.bitmask import apply_token_bitmask_
 from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import prompt_logprobs
 from radixlm.sample.sampler import Sampler, SamplerOutput
-from radixlm.worker.request_state import DraftRow, WorkerRequest
+from radixlm.worker.request_state import WorkerRequest
 
 
 @dataclass(frozen=True)
@@ -60,13 +60,13 @@ class ModelWorker:
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
         result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions)
         parent_rows: dict[str, int] = {}  # a sampling request -> its last logits row
-        rows: list[WorkerRequest | DraftRow] = []
+        rows: list[WorkerRequest] = []
         for chunk in step.chunks:
             request = self.requests[chunk.request_id]
             if chunk.samples:
                 rows.append(request)
                 drafts = chunk.token_ids[chunk.num_tokens - chunk.num_draft_tokens:]
-                rows += [DraftRow(request, drafts[:j]) for j in range(1, chunk.num_sampled)]
+                rows += [request.draft_row(drafts[:j]) for j in range(1, chunk.num_sampled)]
                 parent_rows[chunk.request_id] = len(rows) - 1
         logits = result.logits
         for fork in step.forks:  # the forward wrote the parent's partial block: copy it now
@@ -138,10 +138,10 @@ def accepted_length(draft_token_ids: list[int], sampled_token_ids: list[int]) ->
     return num_kept
 
 
-def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest | DraftRow]],
+def _mask_for(grammar: GrammarBitmask | None) -> Callable[[list[WorkerRequest]],
                                                           Callable[[torch.Tensor], None] | None]:
     """The sampler's grammar stage for a list of rows: mask the rows whose request has a bitmask this step."""
-    def mask_for(rows: list[WorkerRequest | DraftRow]) -> Callable[[torch.Tensor], None] | None:
+    def mask_for(rows: list[WorkerRequest]) -> Callable[[torch.Tensor], None] | None:
         if grammar is None:
             return None
         index = {key: i for i, key in enumerate(zip(grammar.request_ids, grammar.row_offsets, strict=True))}

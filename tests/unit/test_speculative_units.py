@@ -12,7 +12,7 @@ from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 from radixlm.spec.drafter import NgramDrafter
 from radixlm.spec.ngram import find_draft
-from radixlm.worker.request_state import DraftRow, WorkerRequest
+from radixlm.worker.request_state import WorkerRequest
 from radixlm.worker.worker import accepted_length
 from unit.fake_engine import step
 
@@ -53,7 +53,7 @@ def test_verification_draws_exactly_the_tokens_of_plain_decoding_and_their_distr
     firsts, seconds = torch.zeros(vocab), torch.zeros(vocab)
     for seed in range(num_seeds):
         state = _state(seed, params)
-        sampled = sampler(logits.clone(), [state, DraftRow(state, [draft])]).token_ids
+        sampled = sampler(logits.clone(), [state, state.draft_row([draft])]).token_ids
         kept = sampled[:accepted_length([draft], sampled)]
         plain = [sampler(logits[:1].clone(), [state]).token_ids[0]]  # plain decoding, one token at a time
         if plain[0] == draft:
@@ -72,7 +72,7 @@ def test_verification_draws_exactly_the_tokens_of_plain_decoding_and_their_distr
 def test_penalties_and_min_tokens_count_the_drafts_before_a_row():
     params = SamplingParams(temperature=0.0, max_tokens=10, min_tokens=5, repetition_penalty=50.0)
     state = WorkerRequest("r", [1, 2, 3], 3, params, 0, frozenset({4}))
-    row = DraftRow(state, [5, 5])
+    row = state.draft_row([5, 5])
     assert (row.num_output_tokens, row.all_token_ids) == (2, [1, 2, 3, 5, 5])
     logits = torch.full((2, 8), -10.0)
     logits[:, 5] = -1.0  # token 5 wins unless penalized (drafted before row 1: -1 * 50)
