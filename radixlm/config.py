@@ -141,10 +141,11 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config has no key {sorted(unknown)[0]!r}")
         values = dict(value)
-        if "prompt_lookup_max" in values and "prompt_lookup_min" not in values:
-            values["prompt_lookup_min"] = min(values["prompt_lookup_max"], cls.prompt_lookup_min)  # type: ignore
-        if "prompt_lookup_min" in values and "prompt_lookup_max" not in values:
-            values["prompt_lookup_max"] = max(values["prompt_lookup_min"], cls.prompt_lookup_max)  # type: ignore
+        given_max, given_min = values.get("prompt_lookup_max"), values.get("prompt_lookup_min")
+        if type(given_max) is int and given_min is None:
+            values["prompt_lookup_min"] = min(given_max, cls.prompt_lookup_min)
+        if type(given_min) is int and given_max is None:
+            values["prompt_lookup_max"] = max(given_min, cls.prompt_lookup_max)
         return cls(**values)  # type: ignore[arg-type]
 
 
