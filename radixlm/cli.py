@@ -10,9 +10,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from radixlm.config import CacheConfig, ModelConfig, SchedulerConfig
+from radixlm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
-ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig)
+ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
 

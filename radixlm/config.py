@@ -19,6 +19,7 @@ KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 MAX_SPECULATIVE_TOKENS = 16
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
@@ -60,8 +61,12 @@ class ModelConfig:
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
     distributed_executor_backend: str = field(default="uni", metadata=_help(
         "where the model worker runs: uni (in the engine's process) or mp (a child process fed pickled steps)"))
+    device: str = field(default="auto", metadata=_help(
+        "where weights, KV cache and step tensors live: cpu, cuda, or auto (cuda when available)"))
 
     def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, "
                              f"got {self.distributed_executor_backend!r}")
@@ -191,23 +196,55 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """Processes and machines: tensor parallelism inside an engine, data parallelism across engine replicas."""
+
+    tensor_parallel_size: int = field(default=1, metadata=_help(
+        "worker processes that shard the model (torch.distributed: gloo on CPU, NCCL on CUDA)"))
+    data_parallel_size: int = field(default=1, metadata=_help(
+        "engine replicas behind one server, with a cache-aware router"))
+    nnodes: int = field(default=1, metadata=_help("machines the tensor-parallel ranks are spread over"))
+    node_rank: int = field(default=0, metadata=_help("this machine's index among --nnodes (0 runs the server)"))
+    dist_init_addr: str | None = field(default=None, metadata=_help(
+        "host:port of node 0's rendezvous for torch.distributed (default: a free local port; needed if nnodes > 1)"))
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size", "nnodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
+                raise ValueError(f"{name} must be an integer in [1, 64], got {value!r}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank} with nnodes {self.nnodes}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
+                             f"nnodes ({self.nnodes})")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ValueError("dist_init_addr (host:port) is needed when nnodes > 1")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine is built from; `EngineConfig.from_kwargs(model=..., max_num_seqs=...)` is handy."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> EngineConfig:
         """Build from flat keyword arguments; an unknown name raises ValueError naming it."""
-        parts: dict[str, dict[str, object]] = {"model": {}, "cache": {}, "scheduler": {}}
+        parts: dict[str, dict[str, object]] = {"model": {}, "cache": {}, "scheduler": {}, "parallel": {}}
         owners = {name: part for part, sub in (("model", ModelConfig), ("cache", CacheConfig),
-                                                ("scheduler", SchedulerConfig))
+                                                ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
                   for name in sub.__dataclass_fields__}
         for name, value in kwargs.items():
             if name not in owners:
                 raise ValueError(f"unknown engine option {name!r}")
             parts[owners[name]][name] = value
         return cls(ModelConfig(**parts["model"]), CacheConfig(**parts["cache"]),  # type: ignore[arg-type]
-                   SchedulerConfig(**parts["scheduler"]))  # type: ignore[arg-type]
+                   SchedulerConfig(**parts["scheduler"]), ParallelConfig(**parts["parallel"]))  # type: ignore[arg-type]
