@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -40,7 +41,7 @@ from radixlm.sampling_params import SamplingParams
 from radixlm.spec.drafter import NgramDrafter
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder
-from radixlm.worker.process import WorkerProcess
+from radixlm.worker.process import WorkerDiedError, WorkerProcess
 from radixlm.worker.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,7 @@ class LLMEngine:
         self.config = config
         model_dir = resolve_model_dir(config.model.model)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_dir)
-        worker_class = WorkerProcess if config.model.distributed_executor_backend == "mp" else ModelWorker
-        self.worker: ModelWorker | WorkerProcess = worker_class(model_dir, config.model, config.cache)
+        self.worker: ModelWorker | WorkerProcess = _start_worker(model_dir, config)
         self.worker_info = info = self.worker.info()
         self.max_model_len = max_model_len(config.model.max_model_len, info.num_kv_slots,
                                            info.max_position_embeddings)
@@ -203,6 +203,8 @@ class LLMEngine:
         """The worker's step; if it raises, every request of the batch fails (None is returned)."""
         try:
             result = self.worker.execute_model(scheduler_output)
+        except WorkerDiedError:
+            raise  # not this batch's fault: no worker is left to run another
         except Exception as error:
             self._num_failed_forwards += 1
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
@@ -272,10 +274,26 @@ class LLMEngine:
         self.scheduler.check_invariants()
         self.output_processor.check_invariants()
 
+    def check_health(self) -> None:
+        """Raise WorkerDiedError if the worker runs in other processes and one of them has exited."""
+        if isinstance(self.worker, WorkerProcess):
+            self.worker.check_health()
+
     def close(self) -> None:
         """Stop the worker process, if the worker runs in one."""
         if isinstance(self.worker, WorkerProcess):
             self.worker.close()
+
+
+def _start_worker(model_dir: Path, config: EngineConfig) -> ModelWorker | WorkerProcess:
+    """In this process (uni), in a child process (mp), or as tensor-parallel ranks (tensor_parallel_size > 1)."""
+    if config.parallel.tensor_parallel_size > 1:
+        from radixlm.distributed.executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(model_dir, config.model, config.cache, config.parallel)
+    if config.model.distributed_executor_backend == "mp":
+        return WorkerProcess(model_dir, config.model, config.cache)
+    return ModelWorker(model_dir, config.model, config.cache)
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

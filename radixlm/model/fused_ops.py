@@ -9,6 +9,8 @@ A decode step at batch 1 runs about fifty small ops per layer, each paying frame
   with a roll instead of slicing, negating and concatenating (the same products and sums as transformers').
 
 Other classes keep transformers' code. Attention still goes through the function registered with transformers.
+Under tensor parallelism the fused projections hold this rank's shards (whole heads, whole MLP columns): the norms
+are replicated, and the sharded o_proj and down_proj keep transformers' hooks that sum the ranks' outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
@@ -54,15 +57,23 @@ class FusedGatedMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a tensor-parallel (DTensor) parameter, or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def _concat_linears(*linears: nn.Linear) -> nn.Linear:
-    first = linears[0]
-    has_bias = first.bias is not None
-    fused = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=has_bias,
-                      dtype=first.weight.dtype, device=first.weight.device)
+    """One linear layer computing the outputs of `linears` side by side. Under tensor parallelism the inputs are
+    column-sharded (each rank holds some output features of each), so the local shards are concatenated: the
+    result computes this rank's outputs of each, in order, which is what the sharded modules computed."""
+    weights = [_local(lin.weight) for lin in linears]
+    has_bias = linears[0].bias is not None
+    fused = nn.Linear(weights[0].shape[1], sum(w.shape[0] for w in weights), bias=has_bias,
+                      dtype=weights[0].dtype, device=weights[0].device)
     with torch.no_grad():
-        fused.weight.copy_(torch.cat([lin.weight for lin in linears]))
+        fused.weight.copy_(torch.cat(weights))
         if has_bias:
-            fused.bias.copy_(torch.cat([lin.bias for lin in linears]))
+            fused.bias.copy_(torch.cat([_local(lin.bias) for lin in linears]))
     return fused.requires_grad_(False)
 
 
@@ -92,8 +103,8 @@ def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
 
 def _fuse_attention(module: nn.Module, sliding_window: int | None) -> None:
     module.qkv_proj = _concat_linears(module.q_proj, module.k_proj, module.v_proj)
-    module.num_heads = module.q_proj.out_features // module.head_dim
-    module.num_kv_heads = module.k_proj.out_features // module.head_dim
+    module.num_heads = _local(module.q_proj.weight).shape[0] // module.head_dim  # this rank's heads
+    module.num_kv_heads = _local(module.k_proj.weight).shape[0] // module.head_dim
     module.fused_window = sliding_window
     del module.q_proj, module.k_proj, module.v_proj
     module.forward = types.MethodType(_fused_attention_forward, module)

@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.distributed import DistributedConfig
 from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.fused_ops import fuse_small_ops
 from radixlm.model.quantize import quantize_model
+from radixlm.model.sharding import check_tensor_parallel
 from radixlm.model.small_batch import int8_kernel_is_vectorized, kernels_available, use_small_batch_linears
 
 logger = logging.getLogger(__name__)
@@ -104,16 +106,25 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
-               quantization: str | None = None, small_batch_kernels: bool | None = None) -> PreTrainedModel:
+               quantization: str | None = None, small_batch_kernels: bool | None = None,
+               tensor_parallel_size: int = 1) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
     refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows through
-    radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only."""
+    radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only.
+    `tensor_parallel_size` > 1: this rank's shard, by transformers' tensor-parallel plan of the architecture (the
+    process group must be joined first, see `radixlm.distributed`); the C++ linears are not shard-aware and stay
+    off."""
     config = AutoConfig.from_pretrained(model_dir)
+    sharding: dict[str, object] = {}
+    if tensor_parallel_size > 1:
+        check_tensor_parallel(config, tensor_parallel_size, quantization)
+        sharding["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size)
+        small_batch_kernels = False
     hf_logging.disable_progress_bar()
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype,
-                                                     attn_implementation=attn_implementation)
+                                                     attn_implementation=attn_implementation, **sharding)
     finally:
         hf_logging.enable_progress_bar()
     if not getattr(model, "_supports_attention_backend", False):

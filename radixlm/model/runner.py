@@ -12,11 +12,13 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ScheduledChunk
+from radixlm.distributed.group import agree_min
 from radixlm.model.attention import register_paged_attention
 from radixlm.model.decode_kernel import resolve_backend
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
+from radixlm.model.sharding import local_kv_heads
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +34,13 @@ class ModelShape:
     max_position_embeddings: int | None
 
     @classmethod
-    def from_config(cls, config: PretrainedConfig) -> ModelShape:
+    def from_config(cls, config: PretrainedConfig, tensor_parallel_size: int = 1) -> ModelShape:
+        """The shape one rank sees: its share of the KV heads under tensor parallelism."""
         text = config.get_text_config()
         num_heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
         return cls(num_layers=text.num_hidden_layers,
-                   num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
+                   num_kv_heads=local_kv_heads(config, tensor_parallel_size),
                    head_dim=head_dim, vocab_size=text.vocab_size,
                    max_position_embeddings=getattr(text, "max_position_embeddings", None))
 
@@ -54,7 +57,10 @@ class RunnerOutput:
 class ModelRunner:
     """Owns the model and its paged KV cache; `execute` turns a step's chunks into logits."""
 
-    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
+                 tensor_parallel_size: int = 1) -> None:
+        """`tensor_parallel_size` > 1: this process is one rank of a joined group (`radixlm.distributed`); it
+        loads its shard of the weights and caches its own KV heads, in as many blocks as every rank can hold."""
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.dtype = getattr(torch, model_config.dtype)
@@ -63,12 +69,13 @@ class ModelRunner:
         # --attention-backend torch is the all-PyTorch reference: no C++ linears either.
         self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
                                                  model_config.quantization,
-                                                 small_batch_kernels=self.attention_backend == "cpp")
-        self.shape = ModelShape.from_config(self.model.config)
+                                                 small_batch_kernels=self.attention_backend == "cpp",
+                                                 tensor_parallel_size=tensor_parallel_size)
+        self.shape = ModelShape.from_config(self.model.config, tensor_parallel_size)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              kv_dtype)
-        num_blocks = cache_config.num_kv_blocks or num_blocks_for_budget(
-            cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size)
+        num_blocks = agree_min(cache_config.num_kv_blocks or num_blocks_for_budget(
+            cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size))
         self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
                                      self.shape.num_kv_heads, self.shape.head_dim, kv_dtype)
 

@@ -3,18 +3,37 @@
 The engine sees the same interface (`info()`, `execute_model(step)`): each step's `SchedulerOutput` is pickled and
 sent, the `ModelRunnerOutput` comes back pickled. Nothing else crosses, which is what a worker on another device
 or host needs too. An exception in the child's step comes back and is raised in the engine (the forward failed).
+
+A child that dies is noticed while the engine waits for it: `WorkerDiedError` (the engine cannot go on), never a
+hang. `check_health()` lets an idle engine notice it too. Subclasses watch more processes (tensor-parallel ranks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any, Protocol
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.worker.worker import ModelWorker, WorkerInfo
+
+POLL_SECONDS = 0.2  # how often a waiting engine checks that its processes are alive
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process (or a tensor-parallel rank) exited: the engine cannot run another step."""
+
+
+class StepWorker(Protocol):
+    def info(self) -> WorkerInfo: ...
+
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
 class _Failed:
@@ -24,13 +43,24 @@ class _Failed:
         self.error = error
 
 
-def _serve(connection: Connection, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+def serve_steps(connection: Connection, make_worker: Callable[..., StepWorker], *args: Any) -> None:
+    """The child's loop: build the worker, send its info, then answer each step until the pipe closes (or an
+    empty message); `close()` is called on the worker if it has one."""
     try:
-        worker = ModelWorker(model_dir, model_config, cache_config)
+        worker = make_worker(*args)
         connection.send_bytes(pickle.dumps(worker.info()))
     except BaseException as error:
         connection.send_bytes(pickle.dumps(_Failed(error)))
         return
+    try:
+        _answer_steps(connection, worker)
+    finally:
+        close = getattr(worker, "close", None)
+        if close is not None:
+            close()
+
+
+def _answer_steps(connection: Connection, worker: StepWorker) -> None:
     while True:
         try:
             data = connection.recv_bytes()
@@ -53,10 +83,13 @@ class WorkerProcess:
     """Start a worker process (spawned: no state inherited) and wait until its model is loaded."""
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        self._start(ModelWorker, (model_dir, model_config, cache_config), name="radixlm-worker")
+
+    def _start(self, make_worker: Callable[..., StepWorker], args: tuple[Any, ...], name: str) -> None:
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, model_dir, model_config, cache_config),
-                                        name="radixlm-worker", daemon=True)
+        self._process = context.Process(target=serve_steps, args=(child, make_worker, *args), name=name,
+                                        daemon=True)
         self._process.start()
         child.close()
         self._info: WorkerInfo = self._receive()  # type: ignore[assignment]
@@ -68,21 +101,57 @@ class WorkerProcess:
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
         data = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         self.last_step_bytes = len(data)
-        self._connection.send_bytes(data)
+        try:
+            self._connection.send_bytes(data)
+        except OSError:
+            self.check_health()
+            raise WorkerDiedError(self._death(self._process)) from None
         return self._receive()  # type: ignore[return-value]
 
+    def watched(self) -> list[tuple[str, BaseProcess]]:
+        """(name, process) of every process a step needs, checked while waiting."""
+        return [("the worker process", self._process)]
+
+    def check_health(self) -> None:
+        """Raise WorkerDiedError naming the first watched process that is no longer alive (and stop the rest)."""
+        for name, process in self.watched():
+            if not process.is_alive():
+                self.kill()
+                raise WorkerDiedError(self._death(process, name))
+
+    def kill(self) -> None:
+        """Stop every watched process now (no goodbye: a peer may be dead)."""
+        for _, process in self.watched():
+            if process.is_alive():
+                process.kill()
+        for _, process in self.watched():
+            process.join(timeout=1)
+        self._connection.close()
+
+    @staticmethod
+    def _death(process: BaseProcess, name: str = "the worker process") -> str:
+        return f"{name} (pid {process.pid}) exited with code {process.exitcode}"
+
     def _receive(self) -> object:
+        while not self._connection.poll(POLL_SECONDS):
+            self.check_health()
         try:
             reply = pickle.loads(self._connection.recv_bytes())
         except EOFError:
-            raise RuntimeError(f"the worker process exited (code {self._process.exitcode})") from None
+            self._process.join(timeout=1)  # reap it, so its exit code is known
+            self.check_health()
+            raise WorkerDiedError(self._death(self._process)) from None
         if isinstance(reply, _Failed):
             raise reply.error
         return reply
 
     def close(self) -> None:
+        """Ask the worker to stop and wait for it (10 s at most, then it is killed)."""
+        if self._connection.closed:
+            return
         if self._process.is_alive():
-            self._connection.send_bytes(b"")
+            with contextlib.suppress(OSError):
+                self._connection.send_bytes(b"")
             self._process.join(timeout=10)
         if self._process.is_alive():
             self._process.kill()

@@ -37,8 +37,13 @@ class WorkerInfo:
 
 
 class ModelWorker:
-    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
-        self.runner = ModelRunner(model_dir, model_config, cache_config)
+    """`samples=False` (tensor-parallel ranks other than 0): run the forward and keep only what it needs (block
+    tables, block copies, forks' KV copies); `execute_model` then returns an empty output."""
+
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
+                 tensor_parallel_size: int = 1, samples: bool = True) -> None:
+        self.runner = ModelRunner(model_dir, model_config, cache_config, tensor_parallel_size)
+        self.samples = samples
         self.sampler = Sampler(self.runner.shape.vocab_size)
         self.requests: dict[str, WorkerRequest] = {}
 
@@ -73,6 +78,8 @@ class ModelWorker:
             kv_cache.copy_blocks(fork.block_copies)
             self.requests[fork.child_id] = self.requests[fork.parent_id].fork(fork)
             rows.append(self.requests[fork.child_id])
+        if not self.samples:
+            return ModelRunnerOutput()
         if step.forks:
             logits = logits[torch.tensor(list(range(len(logits))) +
                                          [parent_rows[fork.parent_id] for fork in step.forks])]

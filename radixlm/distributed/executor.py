@@ -1,0 +1,100 @@
+"""TensorParallelExecutor: the engine's worker when `--tensor-parallel-size` > 1 (the `WorkerProcess` interface).
+
+It spawns this node's ranks: rank 0 is a `WorkerProcess` whose worker is the driver (`rank.DriverWorker`), the
+other local ranks are plain processes (`rank.run_follower`). Ranks on other nodes are started there by
+`radixlm serve --node-rank K` (`run_node`). While the engine waits for rank 0, every local rank's liveness is
+polled: a rank that dies raises `WorkerDiedError` naming it within a fraction of a second, and the others are
+stopped, because a gloo collective with a dead peer may wait for minutes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from radixlm.config import CacheConfig, ModelConfig, ParallelConfig
+from radixlm.distributed.group import RankInfo, node_ranks, rendezvous
+from radixlm.distributed.rank import DriverWorker, run_follower
+from radixlm.model.sharding import check_tensor_parallel
+from radixlm.worker.process import WorkerProcess
+
+logger = logging.getLogger(__name__)
+
+
+def _spawn_followers(ranks: range, parallel: ParallelConfig, addr: str, port: int, model_dir: Path,
+                     model_config: ModelConfig, cache_config: CacheConfig) -> list[tuple[int, BaseProcess]]:
+    context = multiprocessing.get_context("spawn")
+    followers = []
+    for local_rank, rank in enumerate(ranks):
+        if rank == 0:
+            continue
+        info = RankInfo(rank, parallel.tensor_parallel_size, local_rank, addr, port)
+        process = context.Process(target=run_follower, args=(info, model_dir, model_config, cache_config),
+                                  name=f"radixlm-tp-rank-{rank}", daemon=True)
+        process.start()
+        logger.info("tensor-parallel rank %d started (pid %d)", rank, process.pid)
+        followers.append((rank, process))
+    return followers
+
+
+class TensorParallelExecutor(WorkerProcess):
+    """Node 0's ranks; the engine talks to rank 0 only."""
+
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
+                 parallel: ParallelConfig) -> None:
+        # A model that cannot be sharded fails here, before any process starts.
+        check_tensor_parallel(AutoConfig.from_pretrained(model_dir), parallel.tensor_parallel_size,
+                              model_config.quantization)
+        addr, port = rendezvous(parallel.dist_init_addr)
+        ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, 0)
+        self._followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
+        driver = RankInfo(0, parallel.tensor_parallel_size, 0, addr, port)
+        try:
+            self._start(DriverWorker, (driver, model_dir, model_config, cache_config), name="radixlm-tp-rank-0")
+        except BaseException:  # the followers may wait for rank 0 in a collective: stop them now
+            if hasattr(self, "_connection"):
+                self.kill()
+            else:
+                self._stop_followers(timeout=0)
+            raise
+        logger.info("tensor-parallel rank 0 started (pid %d); %d ranks on %d node(s), rendezvous %s:%d",
+                    self._process.pid, parallel.tensor_parallel_size, parallel.nnodes, addr, port)
+
+    def watched(self) -> list[tuple[str, BaseProcess]]:
+        return [("tensor-parallel rank 0", self._process)] + [
+            (f"tensor-parallel rank {rank}", process) for rank, process in self._followers]
+
+    def close(self) -> None:
+        if hasattr(self, "_process"):
+            super().close()  # rank 0 broadcasts the end to the followers
+        self._stop_followers()
+
+    def kill(self) -> None:
+        super().kill()
+        self._stop_followers(timeout=0)
+
+    def _stop_followers(self, timeout: float = 10.0) -> None:
+        for _, process in self._followers:
+            process.join(timeout=timeout if process.is_alive() else 0)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=1)
+
+
+def run_node(model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig, parallel: ParallelConfig) -> int:
+    """Node `parallel.node_rank` (> 0): run this node's ranks until the group ends; returns an exit status (0 when
+    every rank ended cleanly)."""
+    addr, port = rendezvous(parallel.dist_init_addr)
+    ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank)
+    followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
+    status = 0
+    for rank, process in followers:
+        process.join()
+        if process.exitcode:
+            logger.error("tensor-parallel rank %d exited with code %s", rank, process.exitcode)
+            status = 1
+    return status

@@ -1,0 +1,66 @@
+"""One tensor-parallel rank: join the group, load this rank's shard, then run every step the engine schedules.
+
+Rank 0 (the driver) is the engine's worker process (`radixlm.worker.process.serve_steps`): it receives each step
+from the engine, broadcasts it to the other ranks through torch.distributed, runs the forward and samples. The
+other ranks (followers) receive the broadcast, run the same forward with sampling off, and answer nothing. The
+driver broadcasts None when the engine closes it, which ends every follower's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from radixlm.config import CacheConfig, ModelConfig
+from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
+from radixlm.distributed.group import RankInfo, broadcast_object, join_group, leave_group
+from radixlm.worker.worker import ModelWorker, WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+
+def collective_device(model_config: ModelConfig) -> str:
+    """cuda (NCCL) or cpu (gloo), as `--device` resolves."""
+    if model_config.device == "cuda" or (model_config.device == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+def _load(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> ModelWorker:
+    join_group(info, collective_device(model_config))
+    return ModelWorker(model_dir, model_config, cache_config, info.world_size, samples=info.is_driver)
+
+
+class DriverWorker:
+    """Rank 0's worker: broadcasts each step to the followers, then runs it like any worker."""
+
+    def __init__(self, info: RankInfo, model_dir: Path, model_config: ModelConfig,
+                 cache_config: CacheConfig) -> None:
+        self.worker = _load(info, model_dir, model_config, cache_config)
+
+    def info(self) -> WorkerInfo:
+        return self.worker.info()
+
+    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        broadcast_object(step)
+        return self.worker.execute_model(step)
+
+    def close(self) -> None:
+        broadcast_object(None)
+        leave_group()
+
+
+def run_follower(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+    """A follower rank's process: steps from the driver until it broadcasts None."""
+    worker = _load(info, model_dir, model_config, cache_config)
+    while True:
+        step = broadcast_object(None)
+        if step is None:
+            break
+        try:
+            worker.execute_model(step)  # type: ignore[arg-type]
+        except Exception:  # the driver fails the same forward and reports it; keep in step with it
+            logger.exception("tensor-parallel rank %d: the forward failed", info.rank)
+    leave_group()
