@@ -13,7 +13,7 @@ from transformers import PretrainedConfig
 def check_tensor_parallel(config: PretrainedConfig, tensor_parallel_size: int, quantization: str | None) -> None:
     """Raise ValueError unless `config`'s architecture can run on `tensor_parallel_size` ranks."""
     text = config.get_text_config()
-    architecture = (config.architectures or [type(config).__name__])[0]
+    architecture = (config.architectures or [config.model_type])[0]
     if not getattr(text, "base_model_tp_plan", None):
         raise ValueError(f"tensor_parallel_size {tensor_parallel_size}: {architecture} has no tensor-parallel plan "
                          f"in transformers (base_model_tp_plan), so it cannot be sharded; use "

@@ -99,6 +99,7 @@ class WorkerProcess:
         return self._info
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        self.check_health()
         data = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         self.last_step_bytes = len(data)
         try:
@@ -142,6 +143,7 @@ class WorkerProcess:
             self.check_health()
             raise WorkerDiedError(self._death(self._process)) from None
         if isinstance(reply, _Failed):
+            self.check_health()  # a collective fails when a peer dies: name the dead one
             raise reply.error
         return reply
 

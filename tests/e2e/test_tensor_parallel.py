@@ -1,0 +1,58 @@
+"""Greedy output with tensor_parallel_size=2 (two CPU processes, gloo) equals HF generate token for token, with
+chunked prefill, preemption and prefix-cache hits in one engine's life; a rank that dies is named."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from e2e.engine_runs import output_token_ids
+from e2e.hf_reference import hf_greedy
+from e2e.test_greedy_matches_hf import MAX_NEW, random_prompts
+from radixlm.engine.llm_engine import build_engine
+from radixlm.sampling_params import SamplingParams
+from radixlm.worker.process import WorkerDiedError
+
+# A small pool and step budget: prompts of up to 60 tokens are prefilled in chunks, and 8 requests outgrow 24
+# blocks of 4 tokens, so some are preempted and resumed.
+TIGHT = dict(num_kv_blocks=24, block_size=4, max_num_batched_tokens=16, num_threads=1)
+
+
+def shared_prefix_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, 300, (37,), generator=generator).tolist()
+    return [prefix + torch.randint(3, 300, (n,), generator=generator).tolist() for n in (5, 9, 1)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tensor_parallel_greedy_matches_hf_generate(arch, tiny_model_dir):
+    model_dir = tiny_model_dir(arch)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    engine = build_engine(model=str(model_dir), tensor_parallel_size=2, **TIGHT)
+    try:
+        first = output_token_ids(engine, random_prompts(), params)
+        assert engine.scheduler.num_preemptions > 0, "the run did not force preemption"
+        hits_before = engine.scheduler.kv_cache_manager.stats.num_hit_tokens
+        second = output_token_ids(engine, shared_prefix_prompts(), params)
+        assert engine.scheduler.kv_cache_manager.stats.num_hit_tokens - hits_before >= 36, "no prefix hits"
+    finally:
+        engine.close()
+    assert first == hf_greedy(model_dir, random_prompts(), MAX_NEW)
+    assert second == hf_greedy(model_dir, shared_prefix_prompts(), MAX_NEW)
+
+
+def test_a_killed_rank_is_named(tiny_model_dir):
+    engine = build_engine(model=str(tiny_model_dir("llama")), tensor_parallel_size=2, **TIGHT)
+    try:
+        follower = dict((name, process) for name, process in engine.worker.watched())["tensor-parallel rank 1"]
+        os.kill(follower.pid, signal.SIGKILL)
+        started = time.monotonic()
+        engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=4))
+        with pytest.raises(WorkerDiedError, match=r"tensor-parallel rank 1 \(pid \d+\) exited with code -9"):
+            while engine.has_unfinished_requests():
+                engine.step()
+        assert time.monotonic() - started < 5
+    finally:
+        engine.close()

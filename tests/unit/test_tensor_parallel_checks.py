@@ -1,0 +1,42 @@
+"""What tensor parallelism refuses, before any process starts: no plan, heads that do not split, int8."""
+
+import pytest
+from transformers import GPT2Config, LlamaConfig
+
+from radixlm.distributed.group import node_ranks, rendezvous
+from radixlm.model.sharding import check_tensor_parallel, local_kv_heads
+
+
+def llama(heads: int, kv_heads: int) -> LlamaConfig:
+    return LlamaConfig(hidden_size=16 * heads, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       architectures=["LlamaForCausalLM"])
+
+
+def test_an_architecture_without_a_plan_is_named():
+    with pytest.raises(ValueError, match="gpt2 has no tensor-parallel plan"):
+        check_tensor_parallel(GPT2Config(), 2, None)
+
+
+def test_kv_heads_fewer_than_ranks_are_refused_with_the_sizes_that_work():
+    with pytest.raises(ValueError, match=r"4 attention heads and 2 KV heads .* sizes that work: \[1, 2\]"):
+        check_tensor_parallel(llama(4, 2), 4, None)
+    with pytest.raises(ValueError, match="9 attention heads and 3 KV heads"):  # SmolLM2-135M
+        check_tensor_parallel(llama(9, 3), 2, None)
+
+
+def test_int8_with_tensor_parallelism_is_refused():
+    with pytest.raises(ValueError, match="quantization int8"):
+        check_tensor_parallel(llama(4, 2), 2, "int8")
+
+
+def test_each_rank_caches_its_share_of_the_kv_heads():
+    check_tensor_parallel(llama(8, 4), 4, None)
+    assert local_kv_heads(llama(8, 4), 4) == 1
+    assert local_kv_heads(llama(8, 4), 1) == 4
+
+
+def test_nodes_split_the_ranks_in_order():
+    assert list(node_ranks(4, 2, 0)) == [0, 1]
+    assert list(node_ranks(4, 2, 1)) == [2, 3]
+    assert rendezvous("10.0.0.1:29500") == ("10.0.0.1", 29500)
+    assert rendezvous(None)[0] == "127.0.0.1"
