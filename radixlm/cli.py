@@ -62,7 +62,12 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     from radixlm.server.chat_options import ChatOptions
 
     options = engine_kwargs(args)
-    EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
+    config = EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
+    if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server
+        from radixlm.distributed.executor import run_node
+        from radixlm.model.loader import resolve_model_dir
+
+        sys.exit(run_node(resolve_model_dir(config.model.model), config.model, config.cache, config.parallel))
     chat = ChatOptions(chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
                        enable_auto_tool_choice=args.enable_auto_tool_choice, reasoning_parser=args.reasoning_parser)
     server = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("RADIXLM_API_KEY"),

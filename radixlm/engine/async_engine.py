@@ -133,6 +133,7 @@ class _Abort:
 
 
 _SHUTDOWN = object()
+IDLE_HEALTH_SECONDS = 0.5  # an idle engine checks its worker processes this often
 
 
 class AsyncEngine:
@@ -224,7 +225,9 @@ class AsyncEngine:
             self.failure = error
 
     def _run_once(self, engine: LLMEngine) -> bool:
-        """Apply the queued commands, then run one step if there is work; False once shut down."""
+        """Apply the queued commands, then run one step if there is work; False once shut down. Raises if the
+        engine's worker processes died (an idle engine notices within `IDLE_HEALTH_SECONDS`)."""
+        engine.check_health()
         batch: list[tuple[OutputStream, RequestOutput | BaseException]] = []
         for command in self._take_commands(block=not engine.has_unfinished_requests()):
             if command is _SHUTDOWN:
@@ -242,7 +245,13 @@ class AsyncEngine:
         return True
 
     def _take_commands(self, block: bool) -> list[object]:
-        commands = [self._commands.get()] if block else []
+        """The queued commands; `block`: wait for one, but at most `IDLE_HEALTH_SECONDS` (then maybe none)."""
+        commands = []
+        if block:
+            try:
+                commands.append(self._commands.get(timeout=IDLE_HEALTH_SECONDS))
+            except queue.Empty:
+                return commands
         while True:
             try:
                 commands.append(self._commands.get_nowait())

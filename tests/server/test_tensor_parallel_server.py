@@ -1,0 +1,65 @@
+"""`radixlm serve` with worker processes that die: the server fails its requests and exits within 10 s with a
+message naming the process, whether a request is running or the server is idle."""
+
+import re
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+
+from server.harness import start_server
+
+
+def wait_exit(server, timeout: float) -> float:
+    """Seconds until the server process exited (AssertionError after `timeout`)."""
+    started = time.monotonic()
+    while server.process.poll() is None:
+        assert time.monotonic() - started < timeout, f"server still running after {timeout} s:\n{server.log()}"
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_killed_rank_fails_the_running_request_and_ends_the_server(long_model_dir, tmp_path):
+    server = start_server(long_model_dir, tmp_path, "--tensor-parallel-size", "2", "--num-kv-blocks", "600",
+                          "--block-size", "4")
+    try:
+        pid = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", server.log()).group(1))
+        replies: list[httpx.Response | BaseException] = []
+
+        def complete() -> None:
+            try:
+                replies.append(server.http.post("/v1/completions", json={
+                    "model": str(long_model_dir), "prompt": "hello", "max_tokens": 2000, "ignore_eos": True},
+                    timeout=60))
+            except BaseException as error:  # the connection may close as the server exits
+                replies.append(error)
+
+        request = threading.Thread(target=complete)
+        request.start()
+        server.wait_for(lambda m: m.get("radixlm:num_requests_running{}", 0) >= 1, what="a running request")
+        psutil.Process(pid).send_signal(signal.SIGKILL)
+        assert wait_exit(server, 10) < 10
+        request.join(10)
+        assert not request.is_alive(), "the request hung"
+        reply = replies[0]
+        assert isinstance(reply, BaseException) or reply.status_code >= 500, reply
+        assert server.process.returncode == 1
+        assert re.search(r"tensor-parallel rank 1 \(pid \d+\) exited with code -9", server.log()), server.log()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_killed_mp_worker_ends_an_idle_server(tiny_model_dir, tmp_path):
+    server = start_server(tiny_model_dir("llama"), tmp_path, "--distributed-executor-backend", "mp")
+    try:
+        workers = [child for child in psutil.Process(server.process.pid).children()
+                   if "resource_tracker" not in " ".join(child.cmdline())]
+        assert len(workers) == 1, workers
+        workers[0].send_signal(signal.SIGKILL)
+        assert wait_exit(server, 10) < 10
+        assert server.process.returncode == 1
+        assert re.search(r"the worker process \(pid \d+\) exited with code -9", server.log()), server.log()
+    finally:
+        server.stop(signal.SIGKILL)
