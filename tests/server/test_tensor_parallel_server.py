@@ -1,15 +1,18 @@
 """`radixlm serve` with worker processes that die: the server fails its requests and exits within 10 s with a
 message naming the process, whether a request is running or the server is idle."""
 
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import psutil
 
-from server.harness import start_server
+from server.harness import REPO_ROOT, free_port, start_server
 
 
 def wait_exit(server, timeout: float) -> float:
@@ -63,3 +66,28 @@ def test_killed_mp_worker_ends_an_idle_server(tiny_model_dir, tmp_path):
         assert re.search(r"the worker process \(pid \d+\) exited with code -9", server.log()), server.log()
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_two_nodes_on_localhost(tiny_model_dir, tmp_path):
+    """Node 1 (`serve --node-rank 1`) runs rank 1 only and exits cleanly when node 0's server stops."""
+    model = tiny_model_dir("llama")
+    addr = f"127.0.0.1:{free_port()}"
+    flags = ["--tensor-parallel-size", "2", "--nnodes", "2", "--dist-init-addr", addr, "--num-threads", "1"]
+    node1_log = tmp_path / "node1.log"
+    with node1_log.open("w") as log:
+        node1 = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--model", str(model),
+                                  "--node-rank", "1", *flags], stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=REPO_ROOT, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    try:
+        server = start_server(model, tmp_path, "--node-rank", "0", *flags)
+        try:
+            reply = server.http.post("/v1/completions", json={"model": str(model), "prompt": "hello",
+                                                              "max_tokens": 5, "temperature": 0})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["usage"]["completion_tokens"] == 5
+        finally:
+            assert server.stop() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+        assert node1.wait(timeout=20) == 0, node1_log.read_text()
+    finally:
+        if node1.poll() is None:
+            node1.kill()
