@@ -32,7 +32,7 @@ def _spawn_followers(ranks: range, parallel: ParallelConfig, addr: str, port: in
     for local_rank, rank in enumerate(ranks):
         if rank == 0:
             continue
-        info = RankInfo(rank, parallel.tensor_parallel_size, local_rank, addr, port)
+        info = RankInfo(rank, parallel.tensor_parallel_size, local_rank, len(ranks), addr, port)
         process = context.Process(target=run_follower, args=(info, model_dir, model_config, cache_config),
                                   name=f"radixlm-tp-rank-{rank}", daemon=True)
         process.start()
@@ -52,7 +52,7 @@ class TensorParallelExecutor(WorkerProcess):
         addr, port = rendezvous(parallel.dist_init_addr)
         ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, 0)
         self._followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
-        driver = RankInfo(0, parallel.tensor_parallel_size, 0, addr, port)
+        driver = RankInfo(0, parallel.tensor_parallel_size, 0, len(ranks), addr, port)
         try:
             self._start(DriverWorker, (driver, model_dir, model_config, cache_config), name="radixlm-tp-rank-0")
         except BaseException:  # the followers may wait for rank 0 in a collective: stop them now

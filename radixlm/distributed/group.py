@@ -27,6 +27,7 @@ class RankInfo:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int  # ranks on this node
     master_addr: str
     master_port: int
 
@@ -58,7 +59,8 @@ def node_ranks(tensor_parallel_size: int, nnodes: int, node_rank: int) -> range:
 def join_group(info: RankInfo, device: str = "cpu") -> None:
     """Set the torchrun environment and join the group; returns once every rank has joined."""
     os.environ.update(RANK=str(info.rank), LOCAL_RANK=str(info.local_rank), WORLD_SIZE=str(info.world_size),
-                      MASTER_ADDR=info.master_addr, MASTER_PORT=str(info.master_port))
+                      LOCAL_WORLD_SIZE=str(info.local_world_size), MASTER_ADDR=info.master_addr,
+                      MASTER_PORT=str(info.master_port))
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(info.local_rank)

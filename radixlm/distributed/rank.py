@@ -29,6 +29,8 @@ def collective_device(model_config: ModelConfig) -> str:
 
 
 def _load(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> ModelWorker:
+    if model_config.num_threads is None:  # the node's ranks share its cores rather than each taking them all
+        torch.set_num_threads(max(1, torch.get_num_threads() // info.local_world_size))
     join_group(info, collective_device(model_config))
     return ModelWorker(model_dir, model_config, cache_config, info.world_size, samples=info.is_driver)
 

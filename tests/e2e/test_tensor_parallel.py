@@ -43,9 +43,12 @@ def test_tensor_parallel_greedy_matches_hf_generate(arch, tiny_model_dir):
     assert second == hf_greedy(model_dir, shared_prefix_prompts(), MAX_NEW)
 
 
-def test_a_killed_rank_is_named(tiny_model_dir):
-    engine = build_engine(model=str(tiny_model_dir("llama")), tensor_parallel_size=2, **TIGHT)
+def test_each_rank_caches_half_the_kv_heads_and_a_killed_rank_is_named(tiny_model_dir):
+    engine = build_engine(model=str(tiny_model_dir("llama")), tensor_parallel_size=2, kv_cache_memory="1MiB",
+                          block_size=4, num_threads=1)
     try:
+        # 2 layers x K and V x 1 of 2 KV heads x head_dim 16 x 4 bytes = 256 bytes a token, 1 KiB a block
+        assert engine.worker_info.num_kv_blocks == 1024
         follower = dict((name, process) for name, process in engine.worker.watched())["tensor-parallel rank 1"]
         os.kill(follower.pid, signal.SIGKILL)
         started = time.monotonic()
