@@ -23,7 +23,7 @@ from transformers.utils import logging as hf_logging
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.fused_ops import fuse_small_ops
 from radixlm.model.quantize import quantize_model
-from radixlm.model.sharding import check_tensor_parallel
+from radixlm.model.sharding import check_tensor_parallel, keep_rank_kv_heads, plan_override
 from radixlm.model.small_batch import int8_kernel_is_vectorized, kernels_available, use_small_batch_linears
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     sharding: dict[str, object] = {}
     if tensor_parallel_size > 1:
         check_tensor_parallel(config, tensor_parallel_size, quantization)
-        sharding["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size)
+        sharding["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size,
+                                                           tp_plan=plan_override(config, tensor_parallel_size))
         small_batch_kernels = False
     hf_logging.disable_progress_bar()
     try:
@@ -130,6 +131,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
+    if tensor_parallel_size > 1:
+        keep_rank_kv_heads(model, config, torch.distributed.get_rank(), tensor_parallel_size)
     num_fused = fuse_small_ops(model)
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
     if small_batch_kernels is None:

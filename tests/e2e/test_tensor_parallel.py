@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from tiny_models import build_tiny_model
 
 from e2e.engine_runs import output_token_ids
 from e2e.hf_reference import hf_greedy
@@ -41,6 +42,18 @@ def test_tensor_parallel_greedy_matches_hf_generate(arch, tiny_model_dir):
         engine.close()
     assert first == hf_greedy(model_dir, random_prompts(), MAX_NEW)
     assert second == hf_greedy(model_dir, shared_prefix_prompts(), MAX_NEW)
+
+
+def test_replicated_kv_head_matches_hf_generate(tmp_path):
+    """One KV head, two ranks: each rank computes and caches the whole KV head its query heads read."""
+    model_dir = build_tiny_model("llama", tmp_path / "llama-kv1", num_key_value_heads=1)
+    engine = build_engine(model=str(model_dir), tensor_parallel_size=2, **TIGHT)
+    try:
+        outputs = output_token_ids(engine, random_prompts(), SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                                                            ignore_eos=True))
+    finally:
+        engine.close()
+    assert outputs == hf_greedy(model_dir, random_prompts(), MAX_NEW)
 
 
 def test_each_rank_caches_half_the_kv_heads_and_a_killed_rank_is_named(tiny_model_dir):

@@ -4,7 +4,7 @@ import pytest
 from transformers import GPT2Config, LlamaConfig
 
 from radixlm.distributed.group import node_ranks, rendezvous
-from radixlm.model.sharding import check_tensor_parallel, local_kv_heads
+from radixlm.model.sharding import check_tensor_parallel, local_kv_heads, plan_override
 
 
 def llama(heads: int, kv_heads: int) -> LlamaConfig:
@@ -17,11 +17,20 @@ def test_an_architecture_without_a_plan_is_named():
         check_tensor_parallel(GPT2Config(), 2, None)
 
 
-def test_kv_heads_fewer_than_ranks_are_refused_with_the_sizes_that_work():
-    with pytest.raises(ValueError, match=r"4 attention heads and 2 KV heads .* sizes that work: \[1, 2\]"):
-        check_tensor_parallel(llama(4, 2), 4, None)
-    with pytest.raises(ValueError, match="9 attention heads and 3 KV heads"):  # SmolLM2-135M
+def test_head_counts_that_do_not_split_are_refused_with_the_sizes_that_work():
+    with pytest.raises(ValueError, match=r"must divide .*'s 4 attention heads.* 2 KV heads.* sizes that work: "
+                                         r"\[1, 2, 4\]"):
+        check_tensor_parallel(llama(4, 2), 3, None)
+    with pytest.raises(ValueError, match=r"9 attention heads.* 3 KV heads.* \[1, 3, 9\]"):  # SmolLM2-135M
         check_tensor_parallel(llama(9, 3), 2, None)
+
+
+def test_more_ranks_than_kv_heads_replicate_them():
+    check_tensor_parallel(llama(8, 2), 4, None)
+    assert plan_override(llama(8, 2), 4) == {"model.layers.*.self_attn.k_proj": "replicate",
+                                             "model.layers.*.self_attn.v_proj": "replicate"}
+    assert plan_override(llama(8, 4), 4) is None
+    assert local_kv_heads(llama(8, 2), 4) == 1
 
 
 def test_int8_with_tensor_parallelism_is_refused():
