@@ -16,22 +16,16 @@ import torch
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.distributed.group import RankInfo, broadcast_object, join_group, leave_group
+from radixlm.model.device import resolve_device
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 logger = logging.getLogger(__name__)
 
 
-def collective_device(model_config: ModelConfig) -> str:
-    """cuda (NCCL) or cpu (gloo), as `--device` resolves."""
-    if model_config.device == "cuda" or (model_config.device == "auto" and torch.cuda.is_available()):
-        return "cuda"
-    return "cpu"
-
-
 def _load(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> ModelWorker:
     if model_config.num_threads is None:  # the node's ranks share its cores rather than each taking them all
         torch.set_num_threads(max(1, torch.get_num_threads() // info.local_world_size))
-    join_group(info, collective_device(model_config))
+    join_group(info, resolve_device(model_config.device).type)  # NCCL on cuda, gloo on cpu
     return ModelWorker(model_dir, model_config, cache_config, info.world_size, samples=info.is_driver)
 
 

@@ -107,14 +107,15 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                quantization: str | None = None, small_batch_kernels: bool | None = None,
-               tensor_parallel_size: int = 1) -> PreTrainedModel:
+               device: torch.device | str = "cpu", tensor_parallel_size: int = 1) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
     refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows through
     radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only.
-    `tensor_parallel_size` > 1: this rank's shard, by transformers' tensor-parallel plan of the architecture (the
-    process group must be joined first, see `radixlm.distributed`); the C++ linears are not shard-aware and stay
-    off."""
+    The weights are placed on `device` before any module is replaced. `tensor_parallel_size` > 1: this rank's
+    shard, by transformers' tensor-parallel plan of the architecture (the process group must be joined first, see
+    `radixlm.distributed`; transformers places the shard on this rank's device); the C++ linears are not
+    shard-aware and stay off."""
     config = AutoConfig.from_pretrained(model_dir)
     sharding: dict[str, object] = {}
     if tensor_parallel_size > 1:
@@ -133,6 +134,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                          f"interface, so radixlm cannot page its KV cache")
     if tensor_parallel_size > 1:
         keep_rank_kv_heads(model, config, torch.distributed.get_rank(), tensor_parallel_size)
+    else:
+        model.to(device)
     num_fused = fuse_small_ops(model)
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
     if small_batch_kernels is None:
