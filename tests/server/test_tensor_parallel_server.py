@@ -28,7 +28,7 @@ def test_killed_rank_fails_the_running_request_and_ends_the_server(long_model_di
     server = start_server(long_model_dir, tmp_path, "--tensor-parallel-size", "2", "--num-kv-blocks", "600",
                           "--block-size", "4")
     try:
-        pid = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", server.log()).group(1))
+        pid = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", server.log_path.read_text()).group(1))
         replies: list[httpx.Response | BaseException] = []
 
         def complete() -> None:
