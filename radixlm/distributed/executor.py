@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
+import signal
+import sys
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -68,6 +71,11 @@ class TensorParallelExecutor(WorkerProcess):
         return [("tensor-parallel rank 0", self._process)] + [
             (f"tensor-parallel rank {rank}", process) for rank, process in self._followers]
 
+    def _settle(self, timeout: float = 1.0) -> None:
+        """A rank's collective fails as soon as a peer's sockets close, which is a moment before that peer can be
+        seen to have exited: wait up to `timeout` for a rank to exit, so the error names it."""
+        multiprocessing.connection.wait([process.sentinel for _, process in self.watched()], timeout)
+
     def close(self) -> None:
         if hasattr(self, "_process"):
             super().close()  # rank 0 broadcasts the end to the followers
@@ -91,10 +99,16 @@ def run_node(model_dir: Path, model_config: ModelConfig, cache_config: CacheConf
     addr, port = rendezvous(parallel.dist_init_addr)
     ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank)
     followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds to the kill below
     status = 0
-    for rank, process in followers:
-        process.join()
-        if process.exitcode:
-            logger.error("tensor-parallel rank %d exited with code %s", rank, process.exitcode)
-            status = 1
+    try:
+        for rank, process in followers:
+            process.join()
+            if process.exitcode:
+                logger.error("tensor-parallel rank %d exited with code %s", rank, process.exitcode)
+                status = 1
+    finally:  # interrupted (Ctrl-C, SIGTERM): the ranks go too
+        for _, process in followers:
+            if process.is_alive():
+                process.kill()
     return status

@@ -9,6 +9,7 @@ driver broadcasts None when the engine closes it, which ends every follower's lo
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import torch
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 def _load(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> ModelWorker:
+    # The process that started the ranks ends them; a Ctrl-C in the terminal reaches it, not the ranks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if model_config.num_threads is None:  # the node's ranks share its cores rather than each taking them all
         torch.set_num_threads(max(1, torch.get_num_threads() // info.local_world_size))
     join_group(info, resolve_device(model_config.device).type)  # NCCL on cuda, gloo on cpu

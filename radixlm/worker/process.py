@@ -120,6 +120,9 @@ class WorkerProcess:
                 self.kill()
                 raise WorkerDiedError(self._death(process, name))
 
+    def _settle(self) -> None:
+        """After a failed step, before telling why: give a dying process time to be seen dead (none here)."""
+
     def kill(self) -> None:
         """Stop every watched process now (no goodbye: a peer may be dead)."""
         for _, process in self.watched():
@@ -143,6 +146,7 @@ class WorkerProcess:
             self.check_health()
             raise WorkerDiedError(self._death(self._process)) from None
         if isinstance(reply, _Failed):
+            self._settle()
             self.check_health()  # a collective fails when a peer dies: name the dead one
             raise reply.error
         return reply
