@@ -15,9 +15,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-# How long a rank waits in a collective for the others (gloo's default is 30 minutes). Long enough for a slow
-# first step, short enough that a rank stuck behind a dead peer gives up on its own.
-COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+# How long a rank waits in a collective for the others. The followers wait in a broadcast for the next step for as
+# long as the server is idle, so this must not be short (gloo's default, 30 minutes, would end an idle server).
+# A dead local rank is found by the engine's liveness polling, a dead remote one by its closed connections.
+COLLECTIVE_TIMEOUT = timedelta(days=7)
 
 
 @dataclass(frozen=True)
