@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import build_tiny_model
 
-from e2e.engine_runs import output_token_ids
+from e2e.engine_runs import output_token_ids, run
 from e2e.hf_reference import hf_greedy
 from e2e.test_greedy_matches_hf import MAX_NEW, random_prompts
 from radixlm.engine.llm_engine import build_engine
@@ -42,6 +42,24 @@ def test_tensor_parallel_greedy_matches_hf_generate(arch, tiny_model_dir):
         engine.close()
     assert first == hf_greedy(model_dir, random_prompts(), MAX_NEW)
     assert second == hf_greedy(model_dir, shared_prefix_prompts(), MAX_NEW)
+
+
+def sampled_outputs(model_dir, tensor_parallel_size: int) -> list[list[int]]:
+    """n = 3 seeded sequences per prompt (forks: the followers copy the parent's partial block too), n-gram drafts
+    verified in the batch, prompt logprobs; every sequence's tokens, prompt by prompt."""
+    engine = build_engine(model=str(model_dir), tensor_parallel_size=tensor_parallel_size, num_kv_blocks=256,
+                          block_size=4, num_threads=1, speculative_config='{"num_speculative_tokens": 3}')
+    params = SamplingParams(n=3, seed=11, temperature=0.8, max_tokens=12, ignore_eos=True, prompt_logprobs=1)
+    try:
+        results = run(engine, [(f"req-{i}", p, params) for i, p in enumerate(random_prompts()[:4])])
+    finally:
+        engine.close()
+    return [results[f"req-{i}"].token_ids(j) for i in range(4) for j in range(3)]
+
+
+def test_tensor_parallel_sampling_forks_and_drafts_match_one_process(tiny_model_dir):
+    model_dir = tiny_model_dir("llama")
+    assert sampled_outputs(model_dir, 2) == sampled_outputs(model_dir, 1)
 
 
 def test_replicated_kv_head_matches_hf_generate(tmp_path):
