@@ -3,11 +3,18 @@ shared-prefix groups together (prefill tokens computed across replicas vs one re
 aborts reach the replica running the request, and /metrics labels every replica."""
 
 import asyncio
+import contextlib
+import os
 import random
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
+from server.harness import start_server
 from server.inprocess import InProcessServer, ThreadedServer
 
 PREFIX_LEN = 1000
@@ -128,3 +135,44 @@ def test_a_client_disconnect_aborts_on_the_right_replica(long_model_dir):
         assert engine.router.loads == [0, 0]
     finally:
         server.stop()
+
+
+def _worker_pids(server_pid: int) -> list[int]:
+    """The server's spawned model workers (multiprocessing's resource tracker is not one)."""
+    pids = []
+    for task in Path(f"/proc/{server_pid}/task").iterdir():  # a child is listed under the thread that started it
+        for child in (task / "children").read_text().split():
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
+                pids.append(int(child))
+    return pids
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir, tmp_path):
+    server = start_server(long_model_dir, tmp_path, "--data-parallel-size", "2", "--num-kv-blocks", "512")
+    with ThreadPoolExecutor(1) as pool:
+        long_request = pool.submit(server.http.post, "/v1/completions", json={
+            "prompt": "the quick brown fox", "max_tokens": 4000, "ignore_eos": True}, timeout=120)
+        server.wait_for(lambda m: sum(_per_replica(m, "radixlm:num_requests_running").values()) == 1,
+                        what="the long request running")
+        workers = _worker_pids(server.process.pid)
+        assert len(workers) == 2, workers
+        before = [_cpu_ticks(pid) for pid in workers]
+        time.sleep(1.0)
+        busy = [_cpu_ticks(pid) - was for pid, was in zip(workers, before, strict=True)]
+        idle_worker = workers[busy.index(min(busy))]
+        os.kill(idle_worker, signal.SIGKILL)  # the replica without the long request loses its model worker
+        started = time.monotonic()
+        statuses = []
+        while server.process.poll() is None and time.monotonic() - started < 30:
+            with contextlib.suppress(httpx.TransportError):  # short requests go to the less loaded: the broken one
+                statuses.append(server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                                                 timeout=10).status_code)
+        assert server.process.wait(10) == 1, server.log()
+        assert 500 in statuses, statuses  # the broken replica's own requests failed
+        assert long_request.result().status_code == 503  # the healthy replica's request failed too, not hung
+    assert "replica 1 failed" in server.log() or "replica 0 failed" in server.log(), server.log()
