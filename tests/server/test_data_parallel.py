@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from radixlm.sampling_params import SamplingParams
 from server.harness import start_server
 from server.inprocess import InProcessServer, ThreadedServer
 
@@ -105,6 +106,28 @@ def test_metrics_have_a_replica_label(dp_server):
     for name in ("radixlm:num_requests_running", "radixlm:prompt_tokens_total", "radixlm:kv_cache_usage_perc"):
         assert set(_per_replica(metrics, name)) == {"0", "1"}, name
     assert "process_resident_memory_bytes{}" in metrics  # the server process, once
+
+
+def test_abort_by_id_reaches_the_replica_running_the_request(dp_server):
+    engine = dp_server.app.app.state.async_engine
+    engine.router.route(list(range(3, 67)))  # replica 0 looks busier: the request goes to replica 1
+    before = dp_server.metrics()
+
+    async def run() -> tuple[int | None, str | None]:
+        stream = await engine.generate("abort-me", [[5, 6, 7]], SamplingParams(max_tokens=3000, ignore_eos=True))
+        replica = engine.replica_of("abort-me")
+        engine.abort(["abort-me", "unknown-id"])
+        outputs = [output async for _, output in stream]
+        return replica, outputs[-1].outputs[0].finish_reason
+
+    try:
+        assert dp_server.app.portal.call(run) == (1, "abort")
+    finally:
+        engine.router.finish(0)
+    after = dp_server.wait_for(lambda m: engine.router.loads == [0, 0], what="the loads back to zero")
+    key = "radixlm:request_finished_total{finished_reason=abort,replica=%s}"
+    assert after.get(key % 1, 0) - before.get(key % 1, 0) == 1
+    assert after.get(key % 0, 0) == before.get(key % 0, 0)
 
 
 def test_health_needs_every_replica(dp_server):
