@@ -119,8 +119,8 @@ def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], L
     return app
 
 
-def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_name: str, model_path: str,
-                chat_options: ChatOptions) -> APIRouter:
+def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: Tokenization, model_name: str,
+                model_path: str, chat_options: ChatOptions) -> APIRouter:
     router = APIRouter()
     serving = OpenAIServing(async_engine, model_name, tokenization, chat_options)
     router.add_api_route("/v1/chat/completions",
