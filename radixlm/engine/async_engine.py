@@ -11,8 +11,9 @@ Contract:
   With no work the thread blocks on its command queue (no spinning: the CPU belongs to the model).
 - Outputs reach the event loop through one `loop.call_soon_threadsafe` per step.
 - `shutdown(reason)`: every live stream raises EngineUnavailableError(reason) and the thread exits after its step.
-- `on_ended(request_ids)` (optional, for a data-parallel router's loads) runs on the event loop after the outputs of
-  the step in which those admitted requests ended: finished, aborted or failed.
+- `on_ended(request_ids)` (optional, for a data-parallel router's loads) runs on the event loop in the same callback
+  that delivers the outputs of the step in which those admitted requests ended (finished, aborted or failed), so it
+  has run before any consumer sees their last output.
 """
 
 from __future__ import annotations
@@ -278,12 +279,10 @@ class AsyncEngine:
                     self._ended.append(output.request_id)
 
     def _deliver(self, batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
-        if batch:
-            self._loop.call_soon_threadsafe(_put_all, batch)  # type: ignore[union-attr]
-        if self._ended:
-            if self._on_ended is not None:
-                self._loop.call_soon_threadsafe(self._on_ended, self._ended)  # type: ignore[union-attr]
-            self._ended = []
+        ended, self._ended = self._ended, []
+        if batch or ended:  # one callback: the ends are known before any consumer wakes up to its outputs
+            on_ended = self._on_ended if ended else None
+            self._loop.call_soon_threadsafe(_put_all, batch, ended, on_ended)  # type: ignore[union-attr]
 
     def _stop(self, engine: LLMEngine | None, reason: str) -> None:
         """Refuse new work, fail every live stream and every queued admission with `reason`."""
@@ -319,6 +318,9 @@ def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
         done.set_exception(error)
 
 
-def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
+def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]], ended: list[str],
+             on_ended: Callable[[list[str]], object] | None) -> None:
     for stream, item in batch:
         stream.put(item)
+    if on_ended is not None:
+        on_ended(ended)
