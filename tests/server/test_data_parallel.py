@@ -200,3 +200,13 @@ def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir,
         assert statuses[:3] == [500, 500, 503], statuses
         assert long_request.result().status_code == 503  # the healthy replica's request failed too, not hung
     assert "replica 1 failed" in server.log() or "replica 0 failed" in server.log(), server.log()
+
+
+def test_replica_options_run_workers_in_processes_and_trace_to_their_own_files():
+    from radixlm.distributed.data_parallel import replica_engine_options
+
+    options = {"data_parallel_size": 2, "trace": "/tmp/run.jsonl", "num_threads": 1}
+    assert replica_engine_options(options, 1) == {"data_parallel_size": 2, "trace": "/tmp/run.replica1.jsonl",
+                                                  "num_threads": 1, "distributed_executor_backend": "mp"}
+    assert replica_engine_options({"distributed_executor_backend": "uni"}, 0) == {
+        "distributed_executor_backend": "uni"}  # the user's choice stands
