@@ -287,6 +287,46 @@ void int8_range(const Int8Problem& p, int64_t n_begin, int64_t n_end) {
   }
 }
 
+// More rows than fit in registers beside a wide tile (a decode verifying drafts): for each tile of kTileN weight
+// rows, the input rows in groups of kGroup. The tile comes from memory for the first group and from L1 for the
+// others, and every group keeps the wide tile's cheap reductions (reduce8) instead of narrow tiles' scalar ones.
+template <int64_t kGroup, int64_t kTileN>
+void int8_range_grouped(const Int8Problem& p, int64_t m_dim, int64_t n_begin, int64_t n_end) {
+  const int64_t n_tiled = n_begin + (n_end - n_begin) / kTileN * kTileN;
+  for (int64_t n = n_begin; n < n_tiled; n += kTileN) {
+    int64_t m = 0;
+    for (; m + kGroup <= m_dim; m += kGroup) {
+      Int8Problem group = p;
+      group.q = p.q + m;
+      group.row_max = p.row_max + m;
+      group.out = p.out + m * p.n_dim;
+      int32_t raw[kGroup][kTileN];
+      int8_tile<kGroup, kTileN>(group.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, raw);
+      int8_store<kGroup, kTileN>(group, n, kTileN, raw);
+    }
+    for (; m < m_dim; ++m) {
+      Int8Problem row = p;
+      row.q = p.q + m;
+      row.row_max = p.row_max + m;
+      row.out = p.out + m * p.n_dim;
+      int32_t raw[1][kTileN];
+      int8_tile<1, kTileN>(row.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, raw);
+      int8_store<1, kTileN>(row, n, kTileN, raw);
+    }
+  }
+  if (n_tiled < n_end) {
+    switch (m_dim) {  // the last few output channels, one at a time
+      case 3: int8_range<3, 1>(p, n_tiled, n_end); break;
+      case 4: int8_range<4, 1>(p, n_tiled, n_end); break;
+      case 5: int8_range<5, 1>(p, n_tiled, n_end); break;
+      case 6: int8_range<6, 1>(p, n_tiled, n_end); break;
+      case 7: int8_range<7, 1>(p, n_tiled, n_end); break;
+      case 8: int8_range<8, 1>(p, n_tiled, n_end); break;
+      default: int8_range<9, 1>(p, n_tiled, n_end); break;
+    }
+  }
+}
+
 // weight [N, K_pad]: int8 rows zero-padded to K_pad, a multiple of 64 bytes (whole VNNI loads), K <= K_pad.
 at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& weight_scales,
                                    const at::Tensor& weight_sums, const c10::optional<at::Tensor>& bias) {
@@ -313,13 +353,7 @@ at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& we
     switch (m_dim) {
       case 1: int8_range<1, 8>(p, begin, end); break;
       case 2: int8_range<2, 8>(p, begin, end); break;
-      case 3: int8_range<3, 4>(p, begin, end); break;
-      case 4: int8_range<4, 4>(p, begin, end); break;
-      case 5: int8_range<5, 2>(p, begin, end); break;
-      case 6: int8_range<6, 2>(p, begin, end); break;
-      case 7: int8_range<7, 2>(p, begin, end); break;
-      case 8: int8_range<8, 2>(p, begin, end); break;
-      default: int8_range<9, 2>(p, begin, end); break;
+      default: int8_range_grouped<2, 8>(p, m_dim, begin, end); break;
     }
   });
   return with_leading_dims(out, input);

@@ -48,7 +48,8 @@ def _help(text: str) -> dict[str, str]:
 class ModelConfig:
     model: str = field(default=DEFAULT_MODEL, metadata=_help(
         "local HF model directory, a .gguf file, or the default model name (converted once and cached)"))
-    dtype: str = field(default="float32", metadata=_help("weights and KV cache dtype: float32, bfloat16, float16"))
+    dtype: str = field(default="auto", metadata=_help(
+        "weights and KV cache dtype: float32, bfloat16, float16, or auto (bfloat16 on CUDA, float32 on CPU)"))
     max_model_len: int | None = field(default=None, metadata=_help(
         "longest prompt + output in tokens (default: the model's maximum, capped by the KV cache capacity)"))
     seed: int = field(default=0, metadata=_help("engine seed: makes runs of unseeded requests reproducible"))
@@ -56,7 +57,7 @@ class ModelConfig:
     num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
     quantization: str | None = field(default=None, metadata=_help(
         "weight quantization: int8 (every linear, LM head included: int8 per-channel weights, per-token int8 "
-        "activations, PyTorch's fbgemm kernel; needs --dtype float32)"))
+        "activations, PyTorch's fbgemm kernel; needs --dtype float32 and --device cpu)"))
     attention_backend: str = field(default="auto", metadata=_help(
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
     distributed_executor_backend: str = field(default="uni", metadata=_help(
@@ -70,8 +71,8 @@ class ModelConfig:
         if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
             raise ValueError(f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, "
                              f"got {self.distributed_executor_backend!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be one of float32, bfloat16, float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -82,7 +83,7 @@ class ModelConfig:
             if self.quantization not in QUANTIZATION_METHODS:
                 raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, "
                                  f"got {self.quantization!r}")
-            if self.dtype != "float32":
+            if self.dtype not in ("auto", "float32"):
                 raise ValueError(f"quantization {self.quantization} needs dtype float32, got {self.dtype!r}")
 
 

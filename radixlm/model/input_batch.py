@@ -20,7 +20,10 @@ import torch
 from radixlm.core.block_pool import cdiv
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.decode_kernel import DecodeTables
+from radixlm.model.device import to_device
 from radixlm.model.kv_cache import PagedKVCache
+
+_HOST = torch.device("cpu")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class PrefillSegment:
     num_queries: int
     context_slots: torch.Tensor | slice | None  # positions 0..L-1 (a slice when contiguous); None: the chunk is all
     context_len: int
+    device: torch.device = _HOST  # where the masks go (the cache's device)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor | None:
@@ -78,7 +82,7 @@ class PrefillSegment:
                 allowed = key_pos <= query_pos
                 if sliding_window is not None:
                     allowed &= key_pos > query_pos - sliding_window
-                self._masks[sliding_window] = allowed
+                self._masks[sliding_window] = to_device(allowed, self.device)
         return self._masks[sliding_window]
 
 
@@ -108,8 +112,10 @@ class InputBatch:
         """`block_tables[request_id]`: the blocks of each chunk's request, covering its context.
         `extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
         `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: also
-        build the block tables of the C++ decode kernel."""
+        build the block tables of the C++ decode kernel. The tensors are built on the host and placed on the KV
+        cache's device."""
         block_size = kv_cache.block_size
+        device = kv_cache.device
         token_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []  # where each new token's K/V go
@@ -130,6 +136,7 @@ class InputBatch:
             context = _context_slots(block_table, context_len, block_size)
             slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
                          else context[start:].tolist())
+            context = context if isinstance(context, slice) else to_device(context, device)
             if chunk.num_tokens == chunk.num_sampled:
                 # A decode, or one verifying drafts: each row attends like the decode of its position would, so
                 # drafted tokens get exactly the numbers plain decoding gives them.
@@ -140,22 +147,25 @@ class InputBatch:
                     decode_tables.append(block_table)
             else:
                 prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
-                                               context_slots=context if start > 0 else None, context_len=context_len))
+                                               context_slots=context if start > 0 else None, context_len=context_len,
+                                               device=device))
             logits_rows.extend(range(len(token_ids) - chunk.num_sampled, len(token_ids)))
             if extra_logits_positions and chunk.request_id in extra_logits_positions:
                 first, end = extra_logits_positions[chunk.request_id]
                 assert start <= first <= end <= context_len, (chunk, first, end)
                 extra_rows[chunk.request_id] = slice(len(extra_logits_rows), len(extra_logits_rows) + end - first)
                 extra_logits_rows.extend(range(chunk_row + first - start, chunk_row + end - start))
-        decode = DecodeGroup(query_rows=torch.tensor(decode_rows), context_lens=decode_lens, contexts=decode_contexts,
+        decode = DecodeGroup(query_rows=to_device(torch.tensor(decode_rows), device), context_lens=decode_lens,
+                             contexts=decode_contexts,
                              rows_are_prefix=decode_rows == list(range(len(decode_rows))),
                              tables=DecodeTables.build(decode_tables, decode_lens, block_size) if decode_kernel
                              else None) if decode_rows else None
-        metadata = AttentionMetadata(kv_cache=kv_cache, slot_mapping=torch.tensor(slots, dtype=torch.long),
-                                     decode=decode, prefills=prefills)
-        position_tensor = torch.tensor(positions, dtype=torch.long)
-        return cls(input_ids=torch.tensor([token_ids], dtype=torch.long), position_ids=position_tensor[None],
-                   logits_indices=torch.tensor(logits_rows + extra_logits_rows, dtype=torch.long),
+        metadata = AttentionMetadata(kv_cache=kv_cache, decode=decode, prefills=prefills,
+                                     slot_mapping=to_device(torch.tensor(slots, dtype=torch.long), device))
+        position_tensor = to_device(torch.tensor(positions, dtype=torch.long), device)
+        return cls(input_ids=to_device(torch.tensor([token_ids], dtype=torch.long), device),
+                   position_ids=position_tensor[None],
+                   logits_indices=to_device(torch.tensor(logits_rows + extra_logits_rows, dtype=torch.long), device),
                    attn_metadata=metadata, num_sampled_rows=len(logits_rows), extra_rows=extra_rows)
 
 

@@ -18,11 +18,15 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
     return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
 
-def num_blocks_for_budget(kv_cache_memory: float | str, bytes_per_block: int) -> int:
-    """Blocks that fit a budget given as bytes, or as a fraction (<= 1) of the memory free right now."""
+def num_blocks_for_budget(kv_cache_memory: float | str, bytes_per_block: int,
+                          device: torch.device | str = "cpu") -> int:
+    """Blocks that fit a budget given as bytes, or as a fraction (<= 1) of the device's memory free right now
+    (host RAM for cpu, the GPU's for cuda, after the weights are loaded)."""
     budget = parse_memory(kv_cache_memory)
     if budget <= 1.0:
-        budget *= psutil.virtual_memory().available
+        free = (torch.cuda.mem_get_info(device)[0] if torch.device(device).type == "cuda"
+                else psutil.virtual_memory().available)
+        budget *= free
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
         raise ValueError(f"kv_cache_memory {kv_cache_memory!r} holds no block of {bytes_per_block} bytes")
@@ -39,6 +43,7 @@ class PagedKVCache:
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.device = torch.device(device)
         num_slots = num_blocks * block_size
         shape = (num_slots, num_kv_heads, head_dim)
         # Zeroed, so the whole budget is committed now: the server's memory is what the log says from the start

@@ -104,11 +104,13 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
 
 
 def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
-               quantization: str | None = None, small_batch_kernels: bool | None = None) -> PreTrainedModel:
+               quantization: str | None = None, small_batch_kernels: bool | None = None,
+               device: torch.device | str = "cpu") -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
     refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows through
-    radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only."""
+    radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only.
+    The weights are placed on `device` before any module is replaced."""
     config = AutoConfig.from_pretrained(model_dir)
     hf_logging.disable_progress_bar()
     try:
@@ -119,6 +121,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
+    model.to(device)
     num_fused = fuse_small_ops(model)
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
     if small_batch_kernels is None:

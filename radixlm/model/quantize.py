@@ -72,7 +72,8 @@ class Int8Linear(nn.Module):
         if self._small_batch is not None and x.numel() <= MAX_ROWS * self.in_features:
             return self._small_batch(x, self.bias)
         rows = x.reshape(-1, self.in_features)
-        row_max = torch.linalg.vector_norm(rows, ord=float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
+        # abs().amax(): the same exact values as vector_norm(ord=inf), which took 20x longer here (a slow path).
+        row_max = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)
         normalized = torch.cat((rows / row_max, self.range_row))
         out = torch.ops.quantized.linear_dynamic(normalized, self._packed, REDUCE_RANGE)[:-1]
         out = out * row_max

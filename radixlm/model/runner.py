@@ -14,6 +14,7 @@ from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import register_paged_attention
 from radixlm.model.decode_kernel import resolve_backend
+from radixlm.model.device import resolve_device, resolve_dtype
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
@@ -57,20 +58,22 @@ class ModelRunner:
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
-        self.dtype = getattr(torch, model_config.dtype)
-        self.attention_backend = resolve_backend(model_config.attention_backend)
+        self.device = resolve_device(model_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        self.attention_backend = _attention_backend(model_config, self.device)
         kv_dtype = self.dtype if cache_config.kv_cache_dtype == "auto" else getattr(torch, cache_config.kv_cache_dtype)
         # --attention-backend torch is the all-PyTorch reference: no C++ linears either.
         self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
                                                  model_config.quantization,
-                                                 small_batch_kernels=self.attention_backend == "cpp")
+                                                 small_batch_kernels=self.attention_backend == "cpp",
+                                                 device=self.device)
         self.shape = ModelShape.from_config(self.model.config)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              kv_dtype)
         num_blocks = cache_config.num_kv_blocks or num_blocks_for_budget(
-            cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size)
+            cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size, self.device)
         self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
-                                     self.shape.num_kv_heads, self.shape.head_dim, kv_dtype)
+                                     self.shape.num_kv_heads, self.shape.head_dim, kv_dtype, self.device)
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
@@ -82,7 +85,21 @@ class ModelRunner:
                                  decode_kernel=self.attention_backend == "cpp")
         result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                             logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
-        logits = result.logits[0].float()
+        # The sampler runs on the host: its per-request streams and masks are host tensors (one copy per step).
+        logits = result.logits[0].float().cpu()
         sampled = batch.num_sampled_rows
         return RunnerOutput(logits[:sampled], {request_id: logits[sampled:][rows]
                                                for request_id, rows in batch.extra_rows.items()})
+
+
+def _attention_backend(model_config: ModelConfig, device: torch.device) -> str:
+    """The C++ kernels (attention, small-batch linears) and int8 (fbgemm) are CPU code: on CUDA, PyTorch's SDPA
+    path runs and int8 is refused."""
+    if device.type == "cpu":
+        return resolve_backend(model_config.attention_backend)
+    if model_config.quantization is not None:
+        raise ValueError(f"quantization {model_config.quantization} runs on CPU only (PyTorch's fbgemm kernel); "
+                         f"drop --quantization or use --device cpu")
+    if model_config.attention_backend == "cpp":
+        raise ValueError("attention_backend 'cpp' is a CPU kernel; on cuda use 'torch' or 'auto'")
+    return "torch"

@@ -1,0 +1,36 @@
+"""Where the model runs: `--device` and `--dtype auto` resolved against what torch sees, and the one host-to-device
+copy per step tensor.
+
+Step inputs are built on the host (Python lists -> CPU tensors) and copied once per step; on CUDA they go through
+pinned memory so the copy is asynchronous. On CPU nothing is copied.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(requested: str) -> torch.device:
+    """`auto` -> cuda when torch sees a GPU, else cpu; an explicit `cuda` without one is a ValueError."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device "
+                         f"(torch {torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA)")
+    if requested not in ("cpu", "cuda"):
+        raise ValueError(f"device must be one of auto, cpu, cuda, got {requested!r}")
+    return torch.device(requested)
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """`auto` -> bfloat16 on CUDA, float32 on CPU (where bfloat16 matmuls are slower and less exact)."""
+    if requested == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, requested)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: itself on CPU, an asynchronous copy from pinned memory on CUDA."""
+    if device.type == "cpu":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
