@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 from prometheus_client import (
@@ -18,6 +18,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Metric,
     ProcessCollector,
     generate_latest,
 )
@@ -59,20 +60,24 @@ class SchedulerStats:
 class EngineMetrics:
     """TTFT / ITL / e2e / queue-time histograms, queue and KV gauges, token and request counters."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, replica: int | None = None) -> None:
+        """`replica` (data parallelism) adds a `replica` label to every metric and leaves the process metrics to
+        the merged view (`merged_render`)."""
         self.registry = CollectorRegistry(auto_describe=True)
-        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and friends, as vLLM exposes
-        labels = ["model_name"]
+        if replica is None:
+            ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and friends, as vLLM exposes
+        labels = ["model_name"] if replica is None else ["model_name", "replica"]
+        values = [model_name] if replica is None else [model_name, str(replica)]
         kw = {"labelnames": labels, "registry": self.registry}
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, buckets=buckets, **kw).labels(model_name)
+            return Histogram(name, doc, buckets=buckets, **kw).labels(*values)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, **kw).labels(model_name)
+            return Gauge(name, doc, **kw).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, **kw).labels(model_name)
+            return Counter(name, doc, **kw).labels(*values)
 
         self.ttft = histogram("radixlm:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
         self.inter_token_latency = histogram("radixlm:inter_token_latency_seconds",
@@ -105,7 +110,7 @@ class EngineMetrics:
                                              "Draft tokens accepted, by position in the draft (0 = first).",
                                              labelnames=[*labels, "position"], registry=self.registry)
         self._spec_seen = SchedulerStats(0, 0, 0.0, 0.0, 0)
-        self._model_name = model_name
+        self._label_values = values
         self.recent: deque[dict[str, float]] = deque(maxlen=RECENT_SAMPLES)  # for the dashboard
         self._num_generated = 0
         self._last_token_time: dict[str, float] = {}
@@ -137,7 +142,7 @@ class EngineMetrics:
                 self._last_token_time[output.request_id] = now
 
     def observe_finished(self, reason: str) -> None:
-        self.requests_finished.labels(self._model_name, reason).inc()
+        self.requests_finished.labels(*self._label_values, reason).inc()
 
     def observe_scheduler(self, stats: SchedulerStats) -> None:
         self.recent.append({"time": time.time(), **asdict(stats), "num_generated": self._num_generated})
@@ -164,11 +169,49 @@ class EngineMetrics:
         for position, count in enumerate(stats.num_spec_accepted_tokens_per_pos):
             delta = count - (before[position] if position < len(before) else 0)
             if delta or not before:
-                self.spec_accepted_per_pos.labels(self._model_name, str(position)).inc(delta)
+                self.spec_accepted_per_pos.labels(*self._label_values, str(position)).inc(delta)
         self._spec_seen = stats
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _MergedFamilies:
+    """A collector yielding each metric family of several registries once, with the samples of all of them."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self._registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for registry in self._registries:
+            for family in registry.collect():
+                if family.name in merged:
+                    merged[family.name].samples.extend(family.samples)
+                else:
+                    copy = Metric(family.name, family.documentation, family.type, family.unit)
+                    copy.samples = list(family.samples)
+                    merged[family.name] = copy
+        yield from merged.values()
+
+
+class MergedMetrics:
+    """The metrics of several engine replicas (`EngineMetrics(model, replica=i)`) as one exposition: each family
+    once, with every replica's samples (told apart by their `replica` label), and this process's metrics once.
+    `recent` (the dashboard's samples) is replica 0's."""
+
+    def __init__(self, replicas: list[EngineMetrics]) -> None:
+        self.replicas = replicas
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_MergedFamilies([m.registry for m in replicas]))  # type: ignore[arg-type]
+
+    @property
+    def recent(self) -> deque[dict[str, float]]:
+        return self.replicas[0].recent
+
+    def render(self) -> bytes:
         return generate_latest(self.registry)
 
 

@@ -32,7 +32,7 @@ def _cmd_offline(args: argparse.Namespace) -> None:
         return
     batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
     bench_offline(engine_kwargs(args), args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
-                  batch_sizes, args.workload_seed, args.output_json)
+                  batch_sizes, args.workload_seed, args.output_json, args.compare_data_parallel)
 
 
 def _cmd_prefix(args: argparse.Namespace) -> None:
@@ -163,6 +163,9 @@ def add_bench_commands(commands: Any) -> None:
     offline.add_argument("--tp-variants", default="", help="compare tensor-parallel RANKSxTHREADS settings side by "
                          "side instead of HF, e.g. 1x2,2x1 (the engine's --tensor-parallel-size/--num-threads unused)")
     offline.add_argument("--output-json", type=Path, default=None)
+    offline.add_argument("--compare-data-parallel", action="store_true",
+                         help="run one engine with --num-threads (default 2) threads, then --data-parallel-size 2 "
+                              "with half the threads per replica, on the same requests")
     add_engine_args(offline)
     offline.set_defaults(handler=_cmd_offline)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -61,19 +61,41 @@ def run_hf_static(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, re
                      sum(len(r.prompt_token_ids) for r in requests))
 
 
+def data_parallel_runs(engine_options: dict) -> list[tuple[str, dict]]:
+    """The engine settings `--compare-data-parallel` runs on the same cores: one engine with every thread, then two
+    replicas (each worker in its own process) with half of them each."""
+    threads = max(2, int(engine_options.get("num_threads") or 2))
+    options = {k: v for k, v in engine_options.items() if k not in ("num_threads", "data_parallel_size")}
+    half = threads // 2
+    return [(f"radixlm dp=1 x {threads} threads", options | {"num_threads": threads}),
+            (f"radixlm dp=2 x {half} thread{'s' if half > 1 else ''}",
+             options | {"num_threads": half, "data_parallel_size": 2})]
+
+
 def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                  hf_batch_sizes: list[int], seed: int, output_json: Path | None) -> list[RunResult]:
-    llm = LLM(**engine_options)
-    requests = random_requests(llm.tokenizer, num_prompts, input_len, output_len, seed)
-    results = [run_radixlm(llm, requests)]
-    model_dir = resolve_model_dir(llm.engine.config.model.model)
-    del llm
-    gc.collect()
-    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(model_dir)
-    for batch_size in hf_batch_sizes:
-        results.append(run_hf_static(hf_model, tokenizer, requests, batch_size))
+                  hf_batch_sizes: list[int], seed: int, output_json: Path | None,
+                  compare_data_parallel: bool = False) -> list[RunResult]:
+    """radixlm (or, with `compare_data_parallel`, one engine and two replicas on the same threads, same requests)
+    against HF static batches."""
+    runs = data_parallel_runs(engine_options) if compare_data_parallel else [("radixlm", engine_options)]
+    results: list[RunResult] = []
+    for name, options in runs:
+        llm = LLM(**options)
+        requests = random_requests(llm.tokenizer, num_prompts, input_len, output_len, seed)
+        results.append(replace(run_radixlm(llm, requests), engine=name))
+        model_dir = resolve_model_dir(llm.engine.config.model.model)
+        llm.close()
+        del llm
+        gc.collect()
+    if hf_batch_sizes:
+        hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        tokenizer = load_tokenizer(model_dir)
+        for batch_size in hf_batch_sizes:
+            results.append(run_hf_static(hf_model, tokenizer, requests, batch_size))
     print_table(results, num_prompts, input_len, output_len)
+    if compare_data_parallel:
+        print(f"\n{results[1].engine} vs {results[0].engine}: {results[1].output_tok_s / results[0].output_tok_s:.2f}x "
+              f"output tok/s")
     if output_json:
         output_json.write_text(json.dumps([asdict(r) | {"output_tok_s": r.output_tok_s} for r in results], indent=2))
     return results
@@ -81,7 +103,7 @@ def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, 
 
 def print_table(results: list[RunResult], num_prompts: int, input_len: tuple[int, int],
                 output_len: tuple[int, int]) -> None:
-    best_hf = max((r for r in results if r.engine != "radixlm"), key=lambda r: r.output_tok_s, default=None)
+    best_hf = max((r for r in results if r.engine == "hf-static"), key=lambda r: r.output_tok_s, default=None)
     print(f"\n{num_prompts} prompts, input {input_len[0]}-{input_len[1]}, output {output_len[0]}-{output_len[1]} "
           f"tokens (ignore_eos, greedy)")
     print("| engine | batch | seconds | output tok/s | radixlm / this |\n|---|---|---|---|---|")

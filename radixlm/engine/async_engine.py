@@ -11,6 +11,9 @@ Contract:
   With no work the thread blocks on its command queue (no spinning: the CPU belongs to the model).
 - Outputs reach the event loop through one `loop.call_soon_threadsafe` per step.
 - `shutdown(reason)`: every live stream raises EngineUnavailableError(reason) and the thread exits after its step.
+- `on_ended(request_ids)` (optional, for a data-parallel router's loads) runs on the event loop in the same callback
+  that delivers the outputs of the step in which those admitted requests ended (finished, aborted or failed), so it
+  has run before any consumer sees their last output.
 """
 
 from __future__ import annotations
@@ -139,8 +142,11 @@ IDLE_HEALTH_SECONDS = 0.5  # an idle engine checks its worker processes this oft
 class AsyncEngine:
     """Owns the engine thread; see the module docstring for the contract."""
 
-    def __init__(self, engine_factory: Callable[[], LLMEngine], metrics: EngineMetrics) -> None:
+    def __init__(self, engine_factory: Callable[[], LLMEngine], metrics: EngineMetrics,
+                 on_ended: Callable[[list[str]], object] | None = None) -> None:
         self.metrics = metrics
+        self._on_ended = on_ended
+        self._ended: list[str] = []  # engine thread only: admitted requests that ended since the last delivery
         self.info: EngineInfo | None = None
         self.failure: Exception | None = None  # why the engine failed to load or to step; the server should exit
         self._engine_factory = engine_factory
@@ -172,8 +178,7 @@ class AsyncEngine:
         """Admit one request per prompt (ids `request_id` or `request_id-i`), with the client's `metadata` (kept
         on the outputs and in the trace); see the module docstring."""
         assert self._loop is not None, "start() first"
-        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
-        stream = OutputStream(self, ids)
+        stream = OutputStream(self, group_request_ids(request_id, len(prompts)))
         done: asyncio.Future[None] = self._loop.create_future()
         admission = _Admission(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
                                metadata)
@@ -279,10 +284,14 @@ class AsyncEngine:
                 self._streams.get(output.request_id)
             if stream is not None:
                 batch.append((stream, output))
+                if output.finished:
+                    self._ended.append(output.request_id)
 
     def _deliver(self, batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
-        if batch:
-            self._loop.call_soon_threadsafe(_put_all, batch)  # type: ignore[union-attr]
+        ended, self._ended = self._ended, []
+        if batch or ended:  # one callback: the ends are known before any consumer wakes up to its outputs
+            on_ended = self._on_ended if ended else None
+            self._loop.call_soon_threadsafe(_put_all, batch, ended, on_ended)  # type: ignore[union-attr]
 
     def _stop(self, engine: LLMEngine | None, reason: str) -> None:
         """Refuse new work, fail every live stream and every queued admission with `reason`."""
@@ -294,6 +303,7 @@ class AsyncEngine:
             self.metrics.observe_finished("error")
         error = EngineUnavailableError(reason)
         streams = set(self._streams.values())
+        self._ended.extend(self._streams)
         self._streams.clear()
         for command in self._take_commands(block=False):
             if isinstance(command, _Admission):
@@ -301,6 +311,11 @@ class AsyncEngine:
         self._deliver([(stream, error) for stream in streams])
         if engine is not None:
             engine.close()
+
+
+def group_request_ids(request_id: str, num_prompts: int) -> list[str]:
+    """The engine request ids of a group admitted as `request_id`: itself for one prompt, else `request_id-i`."""
+    return [request_id] if num_prompts == 1 else [f"{request_id}-{i}" for i in range(num_prompts)]
 
 
 def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
@@ -312,6 +327,9 @@ def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
         done.set_exception(error)
 
 
-def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]]) -> None:
+def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]], ended: list[str],
+             on_ended: Callable[[list[str]], object] | None) -> None:
     for stream, item in batch:
         stream.put(item)
+    if on_ended is not None:
+        on_ended(ended)

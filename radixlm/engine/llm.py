@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from radixlm.config import EngineConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.engine.outputs import CompletionOutput, RequestOutput
 from radixlm.sampling_params import SamplingParams
@@ -16,13 +17,25 @@ Message = dict[str, Any]
 
 
 class LLM:
-    """Offline batch generation. Keyword arguments are engine options (see `radixlm.config`)."""
+    """Offline batch generation. Keyword arguments are engine options (see `radixlm.config`);
+    `data_parallel_size=N` runs N engine replicas (`radixlm.distributed.offline`)."""
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
         if model is not None:
             engine_options["model"] = model
-        self.engine: LLMEngine = build_engine(**engine_options)
+        num_replicas = int(engine_options.get("data_parallel_size") or 1)
+        if num_replicas > 1:  # replicas behind a cache-aware router, each stepping in its own thread
+            from radixlm.distributed.offline import DataParallelLLMEngine
+
+            EngineConfig.from_kwargs(**engine_options)  # bad options fail before any replica starts
+            self.engine: LLMEngine | DataParallelLLMEngine = DataParallelLLMEngine(engine_options, num_replicas)
+        else:
+            self.engine = build_engine(**engine_options)
         self._next_id = 0
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (if any run in processes); the LLM cannot generate afterwards."""
+        self.engine.close()
 
     @property
     def tokenizer(self) -> Any:

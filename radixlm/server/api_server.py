@@ -15,9 +15,10 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 
 import uvicorn
@@ -25,6 +26,7 @@ from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import JSONResponse
 
 from radixlm.config import DEFAULT_MODEL
+from radixlm.distributed.data_parallel import DataParallelEngine, replica_engine_options
 from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics
@@ -65,14 +67,21 @@ class ServerOptions:
     chat: ChatOptions = field(default_factory=ChatOptions)
 
 
-def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_path: str | None = None,
-               api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               body_timeout: float = DEFAULT_BODY_TIMEOUT, chat_options: ChatOptions | None = None) -> FastAPI:
-    """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup.
+def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], LLMEngine]], model_name: str,
+               model_path: str | None = None, api_key: str | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
+               chat_options: ChatOptions | None = None) -> FastAPI:
+    """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup; a sequence of
+    factories builds one engine replica each, behind a cache-aware router (data parallelism).
 
-    `app.state.async_engine` is the app's AsyncEngine (its `shutdown()` is what SIGINT/SIGTERM call).
+    `app.state.async_engine` is the app's AsyncEngine or DataParallelEngine (its `shutdown()` is what
+    SIGINT/SIGTERM call).
     """
-    async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name))
+    async_engine: AsyncEngine | DataParallelEngine
+    if callable(engine_factory):
+        async_engine = AsyncEngine(engine_factory, EngineMetrics(model_name))
+    else:
+        async_engine = DataParallelEngine(engine_factory, model_name)
     tokenization = Tokenization()
 
     @asynccontextmanager
@@ -110,8 +119,8 @@ def create_app(engine_factory: Callable[[], LLMEngine], model_name: str, model_p
     return app
 
 
-def _api_router(async_engine: AsyncEngine, tokenization: Tokenization, model_name: str, model_path: str,
-                chat_options: ChatOptions) -> APIRouter:
+def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: Tokenization, model_name: str,
+                model_path: str, chat_options: ChatOptions) -> APIRouter:
     router = APIRouter()
     serving = OpenAIServing(async_engine, model_name, tokenization, chat_options)
     router.add_api_route("/v1/chat/completions",
@@ -163,7 +172,7 @@ class _GracefulServer(uvicorn.Server):
     """uvicorn waits for open responses before it stops; fail the engine's requests first so that none hangs.
     A failed engine (a model that does not load, a crashed step) stops the server too."""
 
-    def __init__(self, config: uvicorn.Config, async_engine: AsyncEngine) -> None:
+    def __init__(self, config: uvicorn.Config, async_engine: AsyncEngine | DataParallelEngine) -> None:
         super().__init__(config)
         self.async_engine = async_engine
 
@@ -181,7 +190,11 @@ def run_server(engine_options: dict[str, object], options: ServerOptions) -> boo
     """Serve until SIGINT/SIGTERM; returns False if the engine failed (e.g. the model did not load)."""
     model = str(engine_options.get("model") or DEFAULT_MODEL)
     model_name = str(engine_options.get("served_model_name") or model)
-    app = create_app(lambda: build_engine(**engine_options), model_name, model_path=model,
+    num_replicas = int(engine_options.get("data_parallel_size") or 1)  # type: ignore[call-overload]
+    factory: Callable[[], LLMEngine] | list[Callable[[], LLMEngine]] = partial(build_engine, **engine_options)
+    if num_replicas > 1:
+        factory = [partial(build_engine, **replica_engine_options(engine_options, i)) for i in range(num_replicas)]
+    app = create_app(factory, model_name, model_path=model,
                      api_key=options.api_key, max_request_bytes=options.max_request_bytes,
                      body_timeout=options.body_timeout, chat_options=options.chat)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),

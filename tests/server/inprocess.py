@@ -24,6 +24,7 @@ import uvicorn
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from starlette.types import ASGIApp
 
+from radixlm.distributed.data_parallel import replica_engine_options
 from radixlm.engine.llm_engine import build_engine
 from radixlm.server.api_server import create_app
 from radixlm.server.http_protocol import HeaderTimeoutH11Protocol
@@ -36,6 +37,11 @@ ENGINE_OPTIONS = {"num_kv_blocks": 256, "block_size": 4, "num_threads": 1}
 def tiny_app(model_dir: Path, engine_options: dict[str, Any] | None = None, model_name: str = MODEL_NAME,
              **app_options: Any):
     options = ENGINE_OPTIONS | (engine_options or {})
+    num_replicas = int(options.get("data_parallel_size", 1))
+    if num_replicas > 1:  # as `radixlm serve --data-parallel-size N` builds them
+        factories = [partial(build_engine, model=str(model_dir), **replica_engine_options(options, i))
+                     for i in range(num_replicas)]
+        return create_app(factories, model_name, **app_options)
     return create_app(lambda: build_engine(model=str(model_dir), **options), model_name, **app_options)
 
 
