@@ -23,16 +23,10 @@ def _cmd_offline(args: argparse.Namespace) -> None:
     from radixlm.bench.workload import parse_range
     from radixlm.cli import engine_kwargs
 
-    if args.tp_variants:
-        from radixlm.bench.parallel import Variant, bench_tensor_parallel
-
-        variants = [Variant.parse(v) for v in args.tp_variants.split(",") if v]
-        bench_tensor_parallel(engine_kwargs(args), variants, args.num_prompts, parse_range(args.input_len),
-                              parse_range(args.output_len), args.workload_seed)
-        return
     batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
     bench_offline(engine_kwargs(args), args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
-                  batch_sizes, args.workload_seed, args.output_json, args.compare_data_parallel)
+                  batch_sizes, args.workload_seed, args.output_json, args.compare_data_parallel,
+                  args.compare_tensor_parallel)
 
 
 def _cmd_prefix(args: argparse.Namespace) -> None:
@@ -160,12 +154,14 @@ def add_bench_commands(commands: Any) -> None:
     offline.add_argument("--output-len", default="64-128", help="output length range LOW-HIGH")
     offline.add_argument("--hf-batch-sizes", default="8,16,32", help="comma-separated; empty skips HF")
     offline.add_argument("--workload-seed", type=int, default=0)
-    offline.add_argument("--tp-variants", default="", help="compare tensor-parallel RANKSxTHREADS settings side by "
-                         "side instead of HF, e.g. 1x2,2x1 (the engine's --tensor-parallel-size/--num-threads unused)")
     offline.add_argument("--output-json", type=Path, default=None)
     offline.add_argument("--compare-data-parallel", action="store_true",
                          help="run one engine with --num-threads (default 2) threads, then --data-parallel-size 2 "
                               "with half the threads per replica, on the same requests")
+    offline.add_argument("--compare-tensor-parallel", action="store_true",
+                         help="run one engine with --num-threads (default 2) threads, then --tensor-parallel-size 2 "
+                              "with half the threads per rank, on the same requests (with --compare-data-parallel: "
+                              "all three side by side)")
     add_engine_args(offline)
     offline.set_defaults(handler=_cmd_offline)
 

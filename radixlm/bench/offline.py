@@ -61,23 +61,33 @@ def run_hf_static(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, re
                      sum(len(r.prompt_token_ids) for r in requests))
 
 
-def data_parallel_runs(engine_options: dict) -> list[tuple[str, dict]]:
-    """The engine settings `--compare-data-parallel` runs on the same cores: one engine with every thread, then two
-    replicas (each worker in its own process) with half of them each."""
+def parallel_runs(engine_options: dict, data_parallel: bool, tensor_parallel: bool = False) -> list[tuple[str, dict]]:
+    """The engine settings `--compare-data-parallel` / `--compare-tensor-parallel` run on the same cores: one engine
+    with every thread, then two replicas (each worker in its own process) and/or two tensor-parallel ranks, with
+    half of the threads each."""
     threads = max(2, int(engine_options.get("num_threads") or 2))
-    options = {k: v for k, v in engine_options.items() if k not in ("num_threads", "data_parallel_size")}
+    options = {k: v for k, v in engine_options.items()
+               if k not in ("num_threads", "data_parallel_size", "tensor_parallel_size")}
     half = threads // 2
-    return [(f"radixlm dp=1 x {threads} threads", options | {"num_threads": threads}),
-            (f"radixlm dp=2 x {half} thread{'s' if half > 1 else ''}",
-             options | {"num_threads": half, "data_parallel_size": 2})]
+    each = f"{half} thread{'s' if half > 1 else ''}"
+    kinds = [kind for kind, on in (("dp", data_parallel), ("tp", tensor_parallel)) if on]
+    base = f"{kinds[0]}=1" if len(kinds) == 1 else "1 engine"
+    runs = [(f"radixlm {base} x {threads} threads", options | {"num_threads": threads})]
+    if data_parallel:
+        runs.append((f"radixlm dp=2 x {each}", options | {"num_threads": half, "data_parallel_size": 2}))
+    if tensor_parallel:
+        runs.append((f"radixlm tp=2 x {each}", options | {"num_threads": half, "tensor_parallel_size": 2}))
+    return runs
 
 
 def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
                   hf_batch_sizes: list[int], seed: int, output_json: Path | None,
-                  compare_data_parallel: bool = False) -> list[RunResult]:
-    """radixlm (or, with `compare_data_parallel`, one engine and two replicas on the same threads, same requests)
-    against HF static batches."""
-    runs = data_parallel_runs(engine_options) if compare_data_parallel else [("radixlm", engine_options)]
+                  compare_data_parallel: bool = False, compare_tensor_parallel: bool = False) -> list[RunResult]:
+    """radixlm (or, with `compare_data_parallel` / `compare_tensor_parallel`, one engine against two replicas and/or
+    two tensor-parallel ranks on the same threads, same requests) against HF static batches."""
+    compare = compare_data_parallel or compare_tensor_parallel
+    runs = parallel_runs(engine_options, compare_data_parallel, compare_tensor_parallel) if compare else \
+        [("radixlm", engine_options)]
     results: list[RunResult] = []
     for name, options in runs:
         llm = LLM(**options)
@@ -93,8 +103,8 @@ def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, 
         for batch_size in hf_batch_sizes:
             results.append(run_hf_static(hf_model, tokenizer, requests, batch_size))
     print_table(results, num_prompts, input_len, output_len)
-    if compare_data_parallel:
-        print(f"\n{results[1].engine} vs {results[0].engine}: {results[1].output_tok_s / results[0].output_tok_s:.2f}x "
+    for result in results[1:len(runs)]:
+        print(f"\n{result.engine} vs {results[0].engine}: {result.output_tok_s / results[0].output_tok_s:.2f}x "
               f"output tok/s")
     if output_json:
         output_json.write_text(json.dumps([asdict(r) | {"output_tok_s": r.output_tok_s} for r in results], indent=2))

@@ -90,3 +90,14 @@ def test_each_rank_caches_half_the_kv_heads_and_a_killed_rank_is_named(tiny_mode
         assert time.monotonic() - started < 5
     finally:
         engine.close()
+
+
+def test_bench_offline_puts_tensor_and_data_parallel_side_by_side(tiny_model_dir, capsys):
+    from radixlm.bench.offline import bench_offline
+
+    results = bench_offline({"model": str(tiny_model_dir("llama")), "num_kv_blocks": 256, "block_size": 4}, 6,
+                            (8, 24), (4, 8), [], 0, None, compare_data_parallel=True, compare_tensor_parallel=True)
+    assert [r.engine for r in results] == ["radixlm 1 engine x 2 threads", "radixlm dp=2 x 1 thread",
+                                           "radixlm tp=2 x 1 thread"]
+    assert len({r.output_tokens for r in results}) == 1
+    assert "radixlm tp=2 x 1 thread vs radixlm 1 engine x 2 threads" in capsys.readouterr().out
