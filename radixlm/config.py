@@ -221,6 +221,9 @@ class ParallelConfig:
                              f"nnodes ({self.nnodes})")
         if self.nnodes > 1 and self.dist_init_addr is None:
             raise ValueError("dist_init_addr (host:port) is needed when nnodes > 1")
+        if self.data_parallel_size > 1 and self.dist_init_addr is not None:
+            raise ValueError("dist_init_addr is for one tensor-parallel group; with data_parallel_size > 1 every "
+                             "replica's group finds its own free local port (leave it unset, and nnodes 1)")
         if self.dist_init_addr is not None:
             host, _, port = self.dist_init_addr.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -3,6 +3,7 @@
 import pytest
 from transformers import GPT2Config, LlamaConfig
 
+from radixlm.config import ParallelConfig
 from radixlm.distributed.group import node_ranks, rendezvous
 from radixlm.model.sharding import check_tensor_parallel, local_kv_heads, plan_override
 
@@ -49,3 +50,9 @@ def test_nodes_split_the_ranks_in_order():
     assert list(node_ranks(4, 2, 1)) == [2, 3]
     assert rendezvous("10.0.0.1:29500") == ("10.0.0.1", 29500)
     assert rendezvous(None)[0] == "127.0.0.1"
+
+
+def test_one_rendezvous_address_cannot_serve_several_replicas():
+    with pytest.raises(ValueError, match="dist_init_addr is for one tensor-parallel group"):
+        ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, dist_init_addr="127.0.0.1:29500")
+    ParallelConfig(tensor_parallel_size=2, data_parallel_size=2)
