@@ -196,8 +196,9 @@ def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir,
                 statuses.append(server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                                                  timeout=10).status_code)
         assert server.process.wait(10) == 1, server.log()
-        # the less loaded replica is the broken one: its requests fail (500) until it gives up (503, then exit)
-        assert statuses[:3] == [500, 500, 503], statuses
+        # the less loaded replica is the broken one: a dead worker stops its engine at once (WorkerDiedError), so a
+        # request that reached it fails (500) and the rest find the server stopping (503), then it exits
+        assert statuses and statuses[0] in (500, 503) and set(statuses[1:]) <= {503}, statuses
         assert long_request.result().status_code == 503  # the healthy replica's request failed too, not hung
     assert "replica 1 failed" in server.log() or "replica 0 failed" in server.log(), server.log()
 
