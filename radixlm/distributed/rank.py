@@ -18,6 +18,7 @@ from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.distributed.group import RankInfo, broadcast_object, join_group, leave_group
 from radixlm.model.device import resolve_device
+from radixlm.worker.process import WorkerDiedError
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -38,17 +39,33 @@ class DriverWorker:
     def __init__(self, info: RankInfo, model_dir: Path, model_config: ModelConfig,
                  cache_config: CacheConfig) -> None:
         self.worker = _load(info, model_dir, model_config, cache_config)
+        self.broken = False  # a collective failed: the group cannot be used again
 
     def info(self) -> WorkerInfo:
         return self.worker.info()
 
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
-        broadcast_object(step)
-        return self.worker.execute_model(step)
+        """The step's output; WorkerDiedError when a collective fails (a peer rank is gone, maybe on another node:
+        the group cannot run another step), so the engine stops instead of counting a failed forward."""
+        try:
+            broadcast_object(step)
+            return self.worker.execute_model(step)
+        except Exception as error:
+            if not _is_collective_error(error):
+                raise
+            self.broken = True
+            raise WorkerDiedError(f"the tensor-parallel group failed (a rank exited?): {error}") from None
 
     def close(self) -> None:
-        broadcast_object(None)
+        if not self.broken:
+            broadcast_object(None)
         leave_group()
+
+
+def _is_collective_error(error: Exception) -> bool:
+    """A failure of the process group (a peer's connection closed, a timeout), not of this rank's computation."""
+    return isinstance(error, torch.distributed.DistError) or any(
+        backend in str(error) for backend in ("gloo", "NCCL", "Connection reset", "Connection closed"))
 
 
 def run_follower(info: RankInfo, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:

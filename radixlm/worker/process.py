@@ -148,6 +148,8 @@ class WorkerProcess:
         if isinstance(reply, _Failed):
             self._settle()
             self.check_health()  # a collective fails when a peer dies: name the dead one
+            if isinstance(reply.error, WorkerDiedError):  # the worker cannot go on (e.g. a remote rank is gone)
+                self.kill()
             raise reply.error
         return reply
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psutil
@@ -68,16 +69,53 @@ def test_killed_mp_worker_ends_an_idle_server(tiny_model_dir, tmp_path):
         server.stop(signal.SIGKILL)
 
 
+def start_node1(model, flags: list[str], log_path) -> subprocess.Popen:
+    with log_path.open("w") as log:
+        return subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--model", str(model),
+                                 "--node-rank", "1", *flags], stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                env=dict(os.environ, TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1"))
+
+
+def two_node_flags() -> list[str]:
+    return ["--tensor-parallel-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+            "--num-threads", "1"]
+
+
+def test_a_rank_on_another_node_that_dies_ends_the_server(long_model_dir, tmp_path):
+    """Node 0 cannot watch node 1's processes: the failed collective itself stops the engine (not a forward
+    failure to retry), and the server exits within 10 s."""
+    flags = two_node_flags()
+    node1 = start_node1(long_model_dir, flags, tmp_path / "node1.log")
+    try:
+        server = start_server(long_model_dir, tmp_path, "--node-rank", "0", "--num-kv-blocks", "600",
+                              "--block-size", "4", *flags)
+        try:
+            pid = int(re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)",
+                                (tmp_path / "node1.log").read_text()).group(1))
+            with ThreadPoolExecutor(1) as pool:
+                reply = pool.submit(server.http.post, "/v1/completions", json={
+                    "model": str(long_model_dir), "prompt": "hello", "max_tokens": 2000, "ignore_eos": True},
+                    timeout=60)
+                server.wait_for(lambda m: m.get("radixlm:num_requests_running{}", 0) >= 1, what="a running request")
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+                assert wait_exit(server, 10) < 10
+                assert reply.result().status_code >= 500
+            assert server.process.returncode == 1
+            assert "the tensor-parallel group failed" in server.log(), server.log()
+        finally:
+            server.stop(signal.SIGKILL)
+        assert node1.wait(timeout=10) == 1  # its rank died
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+
+
 def test_two_nodes_on_localhost(tiny_model_dir, tmp_path):
     """Node 1 (`serve --node-rank 1`) runs rank 1 only and exits cleanly when node 0's server stops."""
     model = tiny_model_dir("llama")
-    addr = f"127.0.0.1:{free_port()}"
-    flags = ["--tensor-parallel-size", "2", "--nnodes", "2", "--dist-init-addr", addr, "--num-threads", "1"]
+    flags = two_node_flags()
     node1_log = tmp_path / "node1.log"
-    with node1_log.open("w") as log:
-        node1 = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", "--model", str(model),
-                                  "--node-rank", "1", *flags], stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=REPO_ROOT, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
+    node1 = start_node1(model, flags, node1_log)
     try:
         server = start_server(model, tmp_path, "--node-rank", "0", *flags)
         try:
