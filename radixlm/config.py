@@ -40,6 +40,18 @@ def parse_memory(value: float | int | str) -> float:
     return number
 
 
+def parse_json_object(value: str | dict[str, object], name: str) -> dict[str, object]:
+    """A JSON object given as text or as a dict; a ValueError naming `name` otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{name} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
@@ -136,13 +148,7 @@ class SpeculativeConfig:
     def parse(cls, value: str | dict[str, object]) -> SpeculativeConfig:
         """From JSON text or a dict; unknown keys raise ValueError naming them. A lone prompt_lookup bound is
         used for both (as vLLM does)."""
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"speculative_config is not valid JSON: {error}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        value = parse_json_object(value, "speculative_config")
         unknown = set(value) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"speculative_config has no key {sorted(unknown)[0]!r}")

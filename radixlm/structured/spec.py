@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.config import parse_json_object
+
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "choice", "structural_tag")
 
 
@@ -30,13 +32,7 @@ class GrammarSpec:
 
     @classmethod
     def from_json_schema(cls, schema: dict[str, Any] | str) -> GrammarSpec:
-        if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"json_schema is not valid JSON: {error}") from None
-        if not isinstance(schema, dict):
-            raise ValueError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        schema = parse_json_object(schema, "json_schema")
         return cls("json_schema", json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
     @classmethod

@@ -1,5 +1,7 @@
 """Greedy output equals HF generate token for token, whatever the batching, chunking or preemption."""
 
+import functools
+
 import pytest
 import torch
 
@@ -26,14 +28,8 @@ def random_prompts(seed: int = 1) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def references(tiny_model_dir):
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            cache[arch] = hf_greedy(tiny_model_dir(arch), random_prompts(), MAX_NEW)
-        return cache[arch]
-
-    return get
+    """arch -> HF's greedy tokens, computed once per module."""
+    return functools.cache(lambda arch: hf_greedy(tiny_model_dir(arch), random_prompts(), MAX_NEW))
 
 
 BACKENDS = [pytest.param("cpp", marks=pytest.mark.skipif(extension_error() is not None,

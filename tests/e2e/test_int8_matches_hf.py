@@ -2,6 +2,8 @@
 whatever the batching, chunking or preemption: int8 activations are quantized per token, so a row's output does not
 depend on the rows it shares a forward with."""
 
+import functools
+
 import pytest
 
 from e2e.engine_runs import output_token_ids
@@ -20,14 +22,8 @@ def hf_int8_greedy(model_dir, prompts: list[list[int]], max_new_tokens: int) -> 
 
 @pytest.fixture(scope="module")
 def references(tiny_model_dir):
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            cache[arch] = hf_int8_greedy(tiny_model_dir(arch), random_prompts(), MAX_NEW)
-        return cache[arch]
-
-    return get
+    """arch -> HF's greedy tokens, computed once per module."""
+    return functools.cache(lambda arch: hf_int8_greedy(tiny_model_dir(arch), random_prompts(), MAX_NEW))
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -2,6 +2,8 @@
 three architectures under batching, chunked prefill, prefix hits and preemption; a seeded sampled request gives the
 tokens (and logprobs) it gives without speculation, with every sampling feature on; the default model too."""
 
+import functools
+
 import pytest
 import torch
 
@@ -28,14 +30,8 @@ def repetitive_prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def references(tiny_model_dir):
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            cache[arch] = hf_greedy(tiny_model_dir(arch), repetitive_prompts(), MAX_NEW)
-        return cache[arch]
-
-    return get
+    """arch -> HF's greedy tokens, computed once per module."""
+    return functools.cache(lambda arch: hf_greedy(tiny_model_dir(arch), repetitive_prompts(), MAX_NEW))
 
 
 def greedy_run(engine, prompts):
