@@ -220,7 +220,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 64:
                 raise ValueError(f"{name} must be an integer in [1, 64], got {value!r}")
-        if not 0 <= self.node_rank < self.nnodes:
+        if not isinstance(self.node_rank, int) or isinstance(self.node_rank, bool) or \
+                not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank} with nnodes {self.nnodes}")
         if self.tensor_parallel_size % self.nnodes:
             raise ValueError(f"tensor_parallel_size ({self.tensor_parallel_size}) must be a multiple of "
@@ -231,6 +232,8 @@ class ParallelConfig:
             raise ValueError("dist_init_addr is for one tensor-parallel group; with data_parallel_size > 1 every "
                              "replica's group finds its own free local port (leave it unset, and nnodes 1)")
         if self.dist_init_addr is not None:
+            if not isinstance(self.dist_init_addr, str) or not self.dist_init_addr.isascii():
+                raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")
             host, _, port = self.dist_init_addr.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"dist_init_addr must be host:port, got {self.dist_init_addr!r}")

@@ -23,11 +23,11 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
         if model is not None:
             engine_options["model"] = model
-        num_replicas = int(engine_options.get("data_parallel_size") or 1)
+        # Validated first: a bad option is a ValueError naming it, before any replica starts.
+        num_replicas = EngineConfig.from_kwargs(**engine_options).parallel.data_parallel_size
         if num_replicas > 1:  # replicas behind a cache-aware router, each stepping in its own thread
             from radixlm.distributed.offline import DataParallelLLMEngine
 
-            EngineConfig.from_kwargs(**engine_options)  # bad options fail before any replica starts
             self.engine: LLMEngine | DataParallelLLMEngine = DataParallelLLMEngine(engine_options, num_replicas)
         else:
             self.engine = build_engine(**engine_options)

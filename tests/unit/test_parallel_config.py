@@ -15,6 +15,10 @@ from radixlm.config import EngineConfig
     ({"dist_init_addr": "nohost"}, "dist_init_addr"),
     ({"dist_init_addr": "h:99999"}, "dist_init_addr"),
     ({"device": "tpu"}, "device"),
+    ({"node_rank": "x"}, "node_rank"),
+    ({"dist_init_addr": 123}, "dist_init_addr"),
+    ({"dist_init_addr": "\ud800:1"}, "dist_init_addr"),
+    ({"data_parallel_size": float("nan")}, "data_parallel_size"),
 ])
 def test_bad_parallel_options_name_their_field(options: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
