@@ -1,5 +1,5 @@
 // Linear layers for a few rows (decode at small batch): y = x W^T (+ b) with W [N, K] row-major, x [..., K] holding
-// M <= kMaxRows rows.
+// M <= kMaxRows rows (kMaxInt8Rows for int8 weights).
 //
 // At one row a linear layer is a matrix-vector product that must read every weight once: it is bound by memory
 // bandwidth, not arithmetic. A general GEMM at M = 1 pays packing and blocking meant for large M; here each thread
@@ -26,7 +26,8 @@
 
 namespace {
 
-constexpr int64_t kMaxRows = 9;  // a decode verifying up to 8 draft tokens
+constexpr int64_t kMaxRows = 9;  // float32: a decode verifying up to 8 draft tokens
+constexpr int64_t kMaxInt8Rows = 17;  // int8: a decode verifying up to 16 draft tokens (compute-bound per row here)
 // Weight bytes per parallel task: a thread is woken only for tens of microseconds of reading, so small layers run
 // on the calling thread (on a busy machine a woken worker can be descheduled for milliseconds).
 constexpr int64_t kGrainBytes = 512 << 10;
@@ -100,9 +101,9 @@ void gemv_range(const float* x, const float* w, const float* bias, float* out, i
 }
 
 void check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight_k,
-                const c10::optional<at::Tensor>& bias, at::ScalarType weight_type) {
+                const c10::optional<at::Tensor>& bias, at::ScalarType weight_type, int64_t max_rows) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
-  TORCH_CHECK(x.size(0) <= kMaxRows, "small-batch linear takes 0 to ", kMaxRows, " rows, got ", x.size(0));
+  TORCH_CHECK(x.size(0) <= max_rows, "small-batch linear takes 0 to ", max_rows, " rows, got ", x.size(0));
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == weight_type && weight.is_contiguous(),
               "weight must be contiguous [N, K] of ", weight_type);
   TORCH_CHECK(weight_k == x.size(1), "x has ", x.size(1), " features, weight ", weight_k);
@@ -129,7 +130,7 @@ at::Tensor with_leading_dims(const at::Tensor& out, const at::Tensor& x) {
 at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
                               const c10::optional<at::Tensor>& bias) {
   const at::Tensor x = as_rows(input);
-  check_rows(x, weight, weight.dim() == 2 ? weight.size(1) : -1, bias, at::kFloat);
+  check_rows(x, weight, weight.dim() == 2 ? weight.size(1) : -1, bias, at::kFloat, kMaxRows);
   const int64_t m_dim = x.size(0), n_dim = weight.size(0), k_dim = x.size(1);
   at::Tensor out = at::empty({m_dim, n_dim}, x.options());
   if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
@@ -247,7 +248,7 @@ inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad,
 }
 
 struct Int8Problem {
-  const uint8_t (*q)[kMaxK];  // [kMaxRows][kMaxK] quantized rows
+  const uint8_t (*q)[kMaxK];  // [kMaxInt8Rows][kMaxK] quantized rows
   const float* row_max;       // [M]
   const int8_t* weight;       // [N, k_pad]
   const float* scales;        // [N]
@@ -287,6 +288,15 @@ void int8_range(const Int8Problem& p, int64_t n_begin, int64_t n_end) {
   }
 }
 
+// The part of `p` that starts at input row m.
+inline Int8Problem from_row(const Int8Problem& p, int64_t m) {
+  Int8Problem rows = p;
+  rows.q = p.q + m;
+  rows.row_max = p.row_max + m;
+  rows.out = p.out + m * p.n_dim;
+  return rows;
+}
+
 // More rows than fit in registers beside a wide tile (a decode verifying drafts): for each tile of kTileN weight
 // rows, the input rows in groups of kGroup. The tile comes from memory for the first group and from L1 for the
 // others, and every group keeps the wide tile's cheap reductions (reduce8) instead of narrow tiles' scalar ones.
@@ -296,34 +306,21 @@ void int8_range_grouped(const Int8Problem& p, int64_t m_dim, int64_t n_begin, in
   for (int64_t n = n_begin; n < n_tiled; n += kTileN) {
     int64_t m = 0;
     for (; m + kGroup <= m_dim; m += kGroup) {
-      Int8Problem group = p;
-      group.q = p.q + m;
-      group.row_max = p.row_max + m;
-      group.out = p.out + m * p.n_dim;
+      const Int8Problem group = from_row(p, m);
       int32_t raw[kGroup][kTileN];
       int8_tile<kGroup, kTileN>(group.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, raw);
       int8_store<kGroup, kTileN>(group, n, kTileN, raw);
     }
     for (; m < m_dim; ++m) {
-      Int8Problem row = p;
-      row.q = p.q + m;
-      row.row_max = p.row_max + m;
-      row.out = p.out + m * p.n_dim;
+      const Int8Problem row = from_row(p, m);
       int32_t raw[1][kTileN];
       int8_tile<1, kTileN>(row.q, p.weight + n * p.k_pad, p.k_pad, p.sums + n, raw);
       int8_store<1, kTileN>(row, n, kTileN, raw);
     }
   }
-  if (n_tiled < n_end) {
-    switch (m_dim) {  // the last few output channels, one at a time
-      case 3: int8_range<3, 1>(p, n_tiled, n_end); break;
-      case 4: int8_range<4, 1>(p, n_tiled, n_end); break;
-      case 5: int8_range<5, 1>(p, n_tiled, n_end); break;
-      case 6: int8_range<6, 1>(p, n_tiled, n_end); break;
-      case 7: int8_range<7, 1>(p, n_tiled, n_end); break;
-      case 8: int8_range<8, 1>(p, n_tiled, n_end); break;
-      default: int8_range<9, 1>(p, n_tiled, n_end); break;
-    }
+  for (int64_t m = 0; m < m_dim && n_tiled < n_end; ++m) {  // the last few output channels, a row at a time
+    const Int8Problem row = from_row(p, m);
+    int8_range<1, 1>(row, n_tiled, n_end);
   }
 }
 
@@ -336,15 +333,15 @@ at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& we
   TORCH_CHECK(k_pad % 64 == 0 && k_dim <= k_pad && k_pad - k_dim < 64 && k_pad <= kMaxK,
               "int8 weight rows must be the input features (at most ", kMaxK,
               ") zero-padded to a multiple of 64");
-  check_rows(x, weight, k_dim, bias, at::kChar);
+  check_rows(x, weight, k_dim, bias, at::kChar, kMaxInt8Rows);
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == n_dim &&
                   weight_scales.is_contiguous(), "weight_scales must be contiguous float32 [N]");
   TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n_dim && weight_sums.is_contiguous(),
               "weight_sums must be contiguous int32 [N]");
   at::Tensor out = at::empty({m_dim, n_dim}, x.options());
   if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
-  alignas(64) uint8_t q[kMaxRows][kMaxK];
-  float row_max[kMaxRows];
+  alignas(64) uint8_t q[kMaxInt8Rows][kMaxK];  // 136 KiB of stack at most
+  float row_max[kMaxInt8Rows];
   for (int64_t m = 0; m < m_dim; ++m) row_max[m] = quantize_row(x.data_ptr<float>() + m * k_dim, k_dim, k_pad, q[m]);
   const Int8Problem p{q, row_max, weight.data_ptr<int8_t>(), weight_scales.data_ptr<float>(),
                       weight_sums.data_ptr<int32_t>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,

@@ -82,7 +82,7 @@ def _cmd_trace(args: argparse.Namespace) -> None:
 
 
 SPEC_BASE = "--num-threads 2 --quantization int8"
-SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
+SPEC_CONFIG = '{"method": "ngram", "num_speculative_tokens": 16, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
 
 
 def _add_side_by_side_args(parser: argparse.ArgumentParser, radixlm_sets: str, cases: str) -> None:

@@ -110,8 +110,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                device: torch.device | str = "cpu", tensor_parallel_size: int = 1) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
-    refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows through
-    radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's kernels only.
+    refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows (17 for
+    int8) through radixlm._C (`radixlm.model.small_batch`); None: when the extension is built; False: PyTorch's
+    kernels only.
     The weights are placed on `device` before any module is replaced. `tensor_parallel_size` > 1: this rank's
     shard, by transformers' tensor-parallel plan of the architecture (the process group must be joined first, see
     `radixlm.distributed`; transformers places the shard on this rank's device); the C++ linears are not

@@ -4,7 +4,7 @@ Weights are int8 with one scale per output channel (symmetric, quantized once at
 quantized per token at every call. PyTorch's dynamic int8 linear (`torch.ops.quantized.linear_dynamic`, fbgemm)
 measured about twice as fast as fp32 at batch 1 and 1.5x at batch 64 on this AVX2 CPU; torchao's eager int8
 kernels were 10-20x slower than it at batch 1 (they need `torch.compile`), and `torch._int_mm` /
-`torch._weight_int8pack_mm` were far slower at batch > 1. Up to `MAX_ROWS` rows, radixlm._C's int8 kernel computes
+`torch._weight_int8pack_mm` were far slower at batch > 1. Up to `INT8_MAX_ROWS` rows, radixlm._C's int8 kernel computes
 the same numbers faster (`radixlm.model.small_batch`).
 
 fbgemm picks one activation scale for the whole input, which would make a token's output depend on the other tokens
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
-from radixlm.model.small_batch import MAX_ROWS, Int8Rows
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -39,7 +39,7 @@ class Int8Linear(nn.Module):
     """Drop-in for a float32 `nn.Linear`: int8 per-channel weights, per-token int8 activations, float32 output."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small_batch: bool | None = None) -> None:
-        """`small_batch`: run up to `MAX_ROWS` rows through radixlm._C's int8 kernel (bit-identical, faster; it
+        """`small_batch`: run up to `INT8_MAX_ROWS` rows through radixlm._C's int8 kernel (bit-identical, faster; it
         keeps its own copy of the int8 weights); None: when the extension is built."""
         super().__init__()
         if weight.dtype != torch.float32:
@@ -69,7 +69,7 @@ class Int8Linear(nn.Module):
         return cls(linear.weight, linear.bias, small_batch)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._small_batch is not None and x.numel() <= MAX_ROWS * self.in_features:
+        if self._small_batch is not None and x.numel() <= INT8_MAX_ROWS * self.in_features:
             return self._small_batch(x, self.bias)
         rows = x.reshape(-1, self.in_features)
         # abs().amax(): the same exact values as vector_norm(ord=inf), which took 20x longer here (a slow path).

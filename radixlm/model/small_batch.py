@@ -4,7 +4,8 @@ At batch 1 (a decode step of one request) every linear layer is a matrix-vector 
 weights once: memory-bound. PyTorch's float32 `F.linear` (MKL sgemm) measured about 3-4x the time a plain streaming
 read of the same weights takes at M = 1 on this CPU, and fbgemm's int8 dynamic linear, wrapped with the per-token
 scaling of `Int8Linear`, about 2x; the C++ kernels stream each weight row once and stay within a few percent to ~25%
-of that read time for up to `MAX_ROWS` rows. Above `MAX_ROWS` rows the PyTorch kernels (the reference) run.
+of that read time for up to `MAX_ROWS` rows (`INT8_MAX_ROWS` for int8). Above that the PyTorch kernels (the
+reference) run.
 
 The int8 kernel computes exactly what fbgemm computes for `Int8Linear` (same quantized activations, exact int32 sums,
 the same float rounding steps), so a row's output is bit-identical on either path and never depends on the batch.
@@ -20,7 +21,10 @@ from torch import nn
 
 from radixlm.model.decode_kernel import extension_error
 
-MAX_ROWS = 9  # the kernels' limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
+MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
+# The int8 kernel's limit (a decode verifying up to 16 drafts): with AVX-512 VNNI each extra row costs the int8
+# multiply-adds of one token (compute), far less than fbgemm's path above it.
+INT8_MAX_ROWS = 17
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
 
@@ -106,5 +110,6 @@ class Int8Rows:
         return in_features <= INT8_MAX_FEATURES and kernels_available()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x `[..., K]` float32 of at most `MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path computes it."""
+        """x `[..., K]` float32 of at most `INT8_MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path
+        computes it."""
         return torch.ops.radixlm.small_batch_int8_linear.default(x, self.weight, self.scales, self.sums, bias)

@@ -100,7 +100,9 @@ def test_seeded_sampling_with_speculation_gives_the_same_tokens(arch, tiny_model
     assert engine.drafter.stats.num_accepted_tokens > 0
 
 
-def test_the_default_model_repeats_a_passage_with_the_same_tokens():
+@pytest.mark.parametrize(("quantization", "num_drafts"), [(None, 6), ("int8", 16)])
+def test_the_default_model_repeats_a_passage_with_the_same_tokens(quantization, num_drafts):
+    """int8 with 16 drafts: verification rows up to the int8 kernel's 17 (bit-identical to one row at a time)."""
     from radixlm.model.loader import resolve_model_dir
 
     try:
@@ -111,13 +113,15 @@ def test_the_default_model_repeats_a_passage_with_the_same_tokens():
                "in Liberty, and dedicated to the proposition that all men are created equal.")
     messages = [{"role": "user", "content": f"Repeat the following passage exactly.\n\n{passage}"}]
     outputs = []
-    for spec in (None, '{"method": "ngram", "num_speculative_tokens": 6}'):
-        engine = build_engine(speculative_config=spec, kv_cache_memory="64MiB")
+    for spec in (None, {"method": "ngram", "num_speculative_tokens": num_drafts}):
+        engine = build_engine(speculative_config=spec, kv_cache_memory="64MiB", quantization=quantization)
         prompt = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        finished = run(engine, [("p", prompt, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True))])
+        finished = run(engine, [("p", prompt, SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True))])
         outputs.append(finished["p"].token_ids())
     assert outputs[0] == outputs[1]
-    assert engine.drafter.stats.num_accepted_tokens > 0
+    accepted = engine.drafter.stats.num_accepted_tokens_per_pos
+    assert accepted[0] > 0
+    assert num_drafts <= 9 or accepted[9] > 0  # drafts of more than 9 tokens were verified, and kept
 
 
 def test_constrained_outputs_with_speculation_are_unchanged(tiny_model_dir):

@@ -6,7 +6,7 @@ from torch import nn
 
 from radixlm.model.decode_kernel import extension_error
 from radixlm.model.quantize import Int8Linear
-from radixlm.model.small_batch import MAX_ROWS, SmallBatchLinear, use_small_batch_linears
+from radixlm.model.small_batch import INT8_MAX_ROWS, MAX_ROWS, SmallBatchLinear, use_small_batch_linears
 
 pytestmark = pytest.mark.skipif(extension_error() is not None,
                                 reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
@@ -42,7 +42,7 @@ def test_int8_kernel_is_bit_identical_to_fbgemm(in_features, out_features, bias)
     kernel = Int8Linear.from_linear(linear, small_batch=True)
     reference = Int8Linear.from_linear(linear, small_batch=False)
     assert kernel._small_batch is not None and reference._small_batch is None
-    for num_rows in range(1, MAX_ROWS + 1):
+    for num_rows in range(1, INT8_MAX_ROWS + 1):
         for magnitude in (1e-3, 1.0, 1e3):
             x = torch.randn(num_rows, in_features) * magnitude
             x[0, 0] = 50 * magnitude  # an outlier
@@ -53,7 +53,7 @@ def test_int8_kernel_is_bit_identical_to_fbgemm(in_features, out_features, bias)
         assert torch.equal(kernel(x[None, :1]), reference(x[None, :1]))  # 3-D input
         zeros = torch.zeros(1, in_features)
         assert torch.equal(kernel(zeros), reference(zeros))
-        batch = torch.randn(MAX_ROWS + 2, in_features)  # above MAX_ROWS: fbgemm; each row alone: the kernel
+        batch = torch.randn(INT8_MAX_ROWS + 2, in_features)  # above INT8_MAX_ROWS: fbgemm; each row: the kernel
         assert torch.equal(torch.cat([kernel(row[None]) for row in batch]), kernel(batch))
 
 
@@ -81,6 +81,8 @@ def test_bad_inputs_raise():
     scales, sums = torch.ones(8), torch.zeros(8, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="zero-padded"):
         torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 65), int8, scales, sums, None)
+    with pytest.raises(RuntimeError, match=f"0 to {INT8_MAX_ROWS} rows"):
+        torch.ops.radixlm.small_batch_int8_linear(torch.randn(INT8_MAX_ROWS + 1, 64), int8, scales, sums, None)
     with pytest.raises(RuntimeError, match="weight_sums"):
         torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 16), int8, scales, sums[:4], None)
 
