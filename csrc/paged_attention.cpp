@@ -1,10 +1,11 @@
 // Paged decode attention on CPU: one call per layer for every decoding request.
 //
-// Each request has one query row; its context is read in place through its block table (slot = block * block_size
-// + offset), so shared prefixes and scattered blocks cost nothing extra. Work items are requests (all KV heads: one
-// contiguous run of memory per position), or (request, KV head) pairs when there are too few requests for the
-// threads, spread over OpenMP threads; each K/V row is read once for all the query heads that share it (GQA) and
-// the softmax is computed online in one pass over the context, tile by tile. Storage may be float32 or bfloat16;
+// Each query row (a decode, or one position of a decode verifying drafts) reads its context in place through its
+// block table (slot = block * block_size + offset), so shared prefixes and scattered blocks cost nothing extra.
+// Work items are a request's rows (all KV heads: one contiguous run of memory per position), or (rows, KV head)
+// pairs when there are too few requests for the threads, spread over OpenMP threads; each K/V row is read once for
+// all the query heads and rows that share it (GQA, verification) and the softmax is computed online in one pass
+// over the context, tile by tile. Storage may be float32 or bfloat16;
 // arithmetic is float32. The inner loops are plain C++ (GCC vector types) that -O3 and the host ISA vectorise.
 
 #include <Python.h>
@@ -126,24 +127,31 @@ inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows
   }
 }
 
-// Attention of request `b`'s query heads that read KV heads [h0, h1), over its context: query head `j` of the item
-// (global head h0 * rep + j) reads KV head h0 + j / rep. Each K/V row is read once for its `rep` query heads.
-// kD > 0 fixes head_dim at compile time; 0 reads it from the problem. The loops over query heads keep a runtime
-// trip count on purpose: with everything constant, GCC vectorises across rows with gathers, which is far slower.
+// Attention of `num_rows` consecutive query rows b, b + 1, ... of one request (one row for a plain decode; a row per
+// position for a decode verifying drafts) over their contexts, for the query heads that read KV heads [h0, h1):
+// query head `jj` of the item (global head h0 * rep + jj) reads KV head h0 + jj / rep. The rows share their blocks
+// and their context lengths do not decrease, so each tile of K/V rows comes from memory once for all of them (and
+// for the `rep` query heads of each KV head); every row gets exactly the numbers it gets alone: the same tiles, in
+// the same order, each row stopping at its own length. kD > 0 fixes head_dim at compile time; 0 reads it from the
+// problem. The loops over query heads keep a runtime trip count on purpose: with everything constant, GCC
+// vectorises across rows with gathers, which is far slower.
 template <typename scalar_t, int64_t kD>
-void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t h0, int64_t h1,
-                 std::vector<float>& scratch) {
+void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t num_rows,
+                 int64_t h0, int64_t h1, std::vector<float>& scratch) {
   const int64_t rep = p.num_heads / p.num_kv_heads, d = kD > 0 ? kD : p.head_dim;
-  const int64_t num_kv = h1 - h0, num_q = num_kv * rep;
-  const int64_t context_len = p.context_lens[b];
+  const int64_t num_kv = h1 - h0, per_row = num_kv * rep, num_q = num_rows * per_row;
+  const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
+  // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start.
   const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
   const int32_t* blocks = p.block_table + p.block_offsets[b];
-  float* out = p.out + (b * p.num_heads + h0 * rep) * d;
 
   scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
   float* q = scratch.data();                 // [num_q, D]: the item's query rows, gathered from a strided query
-  for (int64_t j = 0; j < num_q; ++j) {
-    std::copy_n(p.query + b * p.query_stride_b + (h0 * rep + j) * p.query_stride_h, d, q + j * d);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int64_t jj = 0; jj < per_row; ++jj) {
+      std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
+                  q + (r * per_row + jj) * d);
+    }
   }
   float* acc = q + num_q * d;                // [num_q, D]
   float* scores = acc + num_q * d;           // [num_q, kTile]
@@ -180,44 +188,55 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
     const int64_t ahead = start + kPrefetchTiles * kTile;
     const int64_t num_next = std::clamp<int64_t>(context_len - ahead, 0, kTile);
     for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(ahead + i);
-    if constexpr (kD > 0 && kD % 16 == 0) {
-      constexpr int64_t kC = kD / 16;
-      for (int64_t h = 0; h < num_kv; ++h) {
-        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
-          score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n, h, j0, p.scale, scores, next,
-                                                            j0 == h * rep ? num_next : 0);
-        });
-      }
-    } else {
-      score_tile(q, keys, offsets, n, num_kv, rep, d, p.scale, scores);
-    }
-    for (int64_t j = 0; j < num_q; ++j) {
-      softmax_tile(scores + j * kTile, n, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
-    }
-    if constexpr (kD > 0 && kD % 16 == 0) {
-      constexpr int64_t kC = kD / 16;
-      for (int64_t h = 0; h < num_kv; ++h) {
-        for_groups<kC>(h * rep, (h + 1) * rep, [&](auto group, int64_t j0) {
-          value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n, h, j0, scores, next,
-                                                            j0 == h * rep ? num_next : 0);
-        });
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const int64_t n_row = std::min(n, p.context_lens[b + r] - start);  // this row's positions in the tile
+      if (n_row <= 0) continue;
+      const int64_t row_next = r == 0 ? num_next : 0;  // the first row's pass asks for the next tile
+      float* row_scores = scores + r * per_row * kTile;
+      if constexpr (kD > 0 && kD % 16 == 0) {
+        constexpr int64_t kC = kD / 16;
         for (int64_t h = 0; h < num_kv; ++h) {
-          const scalar_t* v = values + offsets[i] + h * d;
-          for (int64_t r = 0; r < rep; ++r) {
-            const int64_t j = h * rep + r;
-            add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+          for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+            score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n_row, h, j0, p.scale, scores,
+                                                              next, j0 == r * per_row + h * rep ? row_next : 0);
+          });
+        }
+      } else {
+        score_tile(q + r * per_row * d, keys, offsets, n_row, num_kv, rep, d, p.scale, row_scores);
+      }
+      for (int64_t jj = 0; jj < per_row; ++jj) {
+        const int64_t j = r * per_row + jj;
+        softmax_tile(scores + j * kTile, n_row, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
+      }
+      if constexpr (kD > 0 && kD % 16 == 0) {
+        constexpr int64_t kC = kD / 16;
+        for (int64_t h = 0; h < num_kv; ++h) {
+          for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+            value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n_row, h, j0, scores, next,
+                                                              j0 == r * per_row + h * rep ? row_next : 0);
+          });
+        }
+      } else {
+        for (int64_t i = 0; i < n_row; ++i) {
+          for (int64_t h = 0; h < num_kv; ++h) {
+            const scalar_t* v = values + offsets[i] + h * d;
+            for (int64_t k = 0; k < rep; ++k) {
+              const int64_t j = r * per_row + h * rep + k;
+              add_scaled(acc + j * d, scores[j * kTile + i], v, d);
+            }
           }
         }
       }
     }
   }
-  for (int64_t j = 0; j < num_q; ++j) {
-    const float inverse = running_sum[j] > 0.f ? 1.f / running_sum[j] : 0.f;  // empty context: zeros
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* out = p.out + ((b + r) * p.num_heads + h0 * rep) * d;
+    for (int64_t jj = 0; jj < per_row; ++jj) {
+      const int64_t j = r * per_row + jj;
+      const float inverse = running_sum[j] > 0.f ? 1.f / running_sum[j] : 0.f;  // empty context: zeros
 #pragma omp simd
-    for (int64_t e = 0; e < d; ++e) out[j * d + e] = acc[j * d + e] * inverse;
+      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = acc[j * d + e] * inverse;
+    }
   }
 }
 
@@ -225,6 +244,45 @@ void attend_item(const Problem& p, const scalar_t* keys, const scalar_t* values,
 // or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
 // has descheduled, which measured up to milliseconds per call here.
 constexpr int64_t kMinBytesPerThread = 1 << 20;
+
+struct Item {
+  int64_t row, num_rows, h0, h1;
+};
+
+// The work items of a step: runs of rows of one request (consecutive rows with the same block offset and
+// non-decreasing lengths: a decode verifying drafts; never with a sliding window, whose rows start at different
+// positions), times KV heads. One item per run reads each position's K/V rows of all heads, one contiguous run of
+// memory; with too few runs to keep every thread busy, items take one KV head, and long runs are cut into pieces
+// of about equal size (each piece reads the context again, from cache).
+std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_threads) {
+  std::vector<int64_t> run_starts;
+  for (int64_t b = 0; b < batch; ++b) {
+    const bool continues = b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
+                           p.context_lens[b] >= p.context_lens[b - 1];
+    if (!continues) run_starts.push_back(b);
+  }
+  const int64_t num_runs = static_cast<int64_t>(run_starts.size());
+  run_starts.push_back(batch);
+  const int64_t target = 4 * num_threads;
+  const int64_t heads_per_item = num_runs >= target ? p.num_kv_heads : 1;
+  const int64_t items_per_row = p.num_kv_heads / heads_per_item;
+  // Rows per piece: enough pieces for `target` items when the runs alone are too few (and threads are more than one).
+  const int64_t rows_per_piece = num_threads > 1 && num_runs * items_per_row < target
+      ? std::max<int64_t>(1, (batch * items_per_row + target - 1) / target) : batch;
+  std::vector<Item> items;
+  for (int64_t k = 0; k < num_runs; ++k) {
+    const int64_t first = run_starts[k], num_rows = run_starts[k + 1] - first;
+    const int64_t num_pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
+    for (int64_t piece = 0, row = first; piece < num_pieces; ++piece) {
+      const int64_t size = num_rows / num_pieces + (piece < num_rows % num_pieces ? 1 : 0);
+      for (int64_t h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_item) {
+        items.push_back({row, size, h0, h0 + heads_per_item});
+      }
+      row += size;
+    }
+  }
+  return items;
+}
 
 template <typename scalar_t, int64_t kD>
 void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
@@ -236,19 +294,16 @@ void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t
   const int64_t num_bytes = 2 * num_positions * p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t num_threads =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
-  // One item per request reads each position's K/V rows of all heads, one contiguous run; split requests by KV
-  // head only when there are too few requests to keep every thread busy.
-  const int64_t heads_per_item = batch >= 4 * num_threads ? p.num_kv_heads : 1;
-  const int64_t items_per_request = p.num_kv_heads / heads_per_item;
-  const int64_t num_items = batch * items_per_request;
+  const std::vector<Item> items = plan_items(p, batch, num_threads);
+  const int64_t num_items = static_cast<int64_t>(items.size());
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> scratch;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < num_items; ++item) {
-      const int64_t h0 = item % items_per_request * heads_per_item;
-      attend_item<scalar_t, kD>(p, keys, values, item / items_per_request, h0, h0 + heads_per_item, scratch);
+    for (int64_t k = 0; k < num_items; ++k) {
+      const Item& item = items[k];
+      attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, scratch);
     }
   }
 }

@@ -61,12 +61,21 @@ class DecodeTables:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], block_size: int) -> DecodeTables:
-        """`block_tables[b]` must hold at least the blocks of `context_lens[b]` positions."""
+        """`block_tables[b]` must hold at least the blocks of `context_lens[b]` positions. Consecutive rows given
+        the same table object with non-decreasing lengths (a decode verifying drafts: a row per position) share
+        one copy of it, and the kernel reads their context once for all of them."""
         flat: list[int] = []
         offsets: list[int] = []
+        previous: list[int] | None = None
+        previous_len = 0
         for table, length in zip(block_tables, context_lens, strict=True):
-            offsets.append(len(flat))
-            flat.extend(table[:-(-length // block_size)])
+            if table is previous and length >= previous_len:
+                offsets.append(offsets[-1])
+                flat.extend(table[-(-previous_len // block_size):-(-length // block_size)])
+            else:
+                offsets.append(len(flat))
+                flat.extend(table[:-(-length // block_size)])
+            previous, previous_len = table, length
         return cls(torch.tensor(flat, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int32),
                    torch.tensor(context_lens, dtype=torch.int32), block_size)
 

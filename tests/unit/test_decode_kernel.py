@@ -7,7 +7,7 @@ import torch
 
 from radixlm.core.step import ScheduledChunk, SchedulerOutput
 from radixlm.model.attention import paged_attention
-from radixlm.model.decode_kernel import DecodeTables, extension_error, resolve_backend
+from radixlm.model.decode_kernel import DecodeTables, extension_error, paged_decode_attention, resolve_backend
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache
 
@@ -108,6 +108,67 @@ def test_tables_hold_only_the_blocks_in_use():
     assert tables.block_table.tolist() == [4, 5, 6, 9]
     assert tables.block_offsets.tolist() == [0, 3]
     assert tables.context_lens.dtype == torch.int32
+
+
+def test_verification_rows_share_one_table():
+    verifying = [4, 5, 6, 7]
+    tables = DecodeTables.build([verifying, verifying, verifying, [9, 2], [9, 2]], [16, 17, 33, 16, 16],
+                                block_size=16)
+    assert tables.block_table.tolist() == [4, 5, 6, 9, 9]  # equal lists are shared only when they are one object
+    assert tables.block_offsets.tolist() == [0, 0, 0, 3, 4]
+
+
+# (start, number of rows) per request: a plain decode, verifications crossing tile and block edges, another decode;
+# or one long verification alone (its rows are cut into pieces for the threads).
+REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)]]
+
+
+@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("sliding_window", [None, 40])
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("requests", REQUEST_MIXES)
+def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, sliding_window, num_threads, requests):
+    """A request's rows read together (one table, one pass over the context) equal the same rows as separate
+    requests, bit for bit, whatever the work split; and both agree with the torch path."""
+    block_size, num_heads = 16, 3 * NUM_KV_HEADS
+    rng = random.Random(head_dim)
+    num_blocks = 200
+    cache = PagedKVCache(1, num_blocks, block_size, NUM_KV_HEADS, head_dim, torch.float32)
+    torch.manual_seed(1)
+    cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
+    cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    lengths, shared, separate = [], [], []
+    for start, num_rows in requests:
+        table = [free.pop() for _ in range(-(-(start + num_rows) // block_size))]
+        for j in range(num_rows):
+            lengths.append(start + j + 1)
+            shared.append(table)
+            separate.append(list(table))  # equal lists, distinct objects: a table each
+    query = torch.randn(len(lengths), num_heads, head_dim)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        outs = [paged_decode_attention(query, cache.key_caches[0], cache.value_caches[0],
+                                       DecodeTables.build(tables, lengths, block_size), head_dim ** -0.5,
+                                       sliding_window, None) for tables in (shared, separate)]
+    finally:
+        torch.set_num_threads(previous)
+    assert DecodeTables.build(shared, lengths, block_size).block_offsets.unique().numel() == len(requests)
+    assert torch.equal(outs[0], outs[1])
+    chunks = [ScheduledChunk(f"r{i}", [1] * num_rows, start, shared[sum(n for _, n in requests[:i])],
+                             num_sampled=num_rows) for i, (start, num_rows) in enumerate(requests)]
+    metadata = InputBatch.build(chunks, {c.request_id: c.new_block_ids for c in chunks}, cache).attn_metadata
+    key, value = torch.randn(2, 1, NUM_KV_HEADS, len(lengths), head_dim)
+    cache.key_caches[0].index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))  # what the torch path writes
+    cache.value_caches[0].index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
+    kernel = paged_decode_attention(query, cache.key_caches[0], cache.value_caches[0],
+                                    DecodeTables.build(shared, lengths, block_size), head_dim ** -0.5,
+                                    sliding_window, None)
+    reference, _ = paged_attention(_Layer(), query.transpose(0, 1)[None], key, value, None,
+                                   scaling=head_dim ** -0.5, sliding_window=sliding_window, radix_attn=metadata)
+    torch.testing.assert_close(kernel, reference[0], atol=1e-5, rtol=1e-5)
 
 
 def test_backend_choice():
