@@ -249,11 +249,15 @@ struct Item {
   int64_t row, num_rows, h0, h1;
 };
 
+// Rows of one run a work item takes at most: a long run (a prefill chunk attending as decodes) is cut into pieces
+// that each read the context again, from cache, so that an item's queries and accumulators stay small.
+constexpr int64_t kMaxRowsPerPiece = 64;
+
 // The work items of a step: runs of rows of one request (consecutive rows with the same block offset and
-// non-decreasing lengths: a decode verifying drafts; never with a sliding window, whose rows start at different
-// positions), times KV heads. One item per run reads each position's K/V rows of all heads, one contiguous run of
-// memory; with too few runs to keep every thread busy, items take one KV head, and long runs are cut into pieces
-// of about equal size (each piece reads the context again, from cache).
+// non-decreasing lengths: a decode verifying drafts, or a prefill chunk; never with a sliding window, whose rows
+// start at different positions), cut into pieces of at most kMaxRowsPerPiece rows, times KV heads. An item reads
+// each position's K/V rows of all heads, one contiguous run of memory; with too few pieces to keep every thread
+// busy, items take one KV head, and pieces are cut smaller (each piece reads the context again, from cache).
 std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_threads) {
   std::vector<int64_t> run_starts;
   for (int64_t b = 0; b < batch; ++b) {
@@ -263,18 +267,25 @@ std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_thread
   }
   const int64_t num_runs = static_cast<int64_t>(run_starts.size());
   run_starts.push_back(batch);
+  const auto count_pieces = [&](int64_t cap) {
+    int64_t count = 0;
+    for (int64_t k = 0; k < num_runs; ++k) count += (run_starts[k + 1] - run_starts[k] + cap - 1) / cap;
+    return count;
+  };
   const int64_t target = 4 * num_threads;
-  const int64_t heads_per_item = num_runs >= target ? p.num_kv_heads : 1;
+  int64_t rows_per_piece = kMaxRowsPerPiece;
+  const int64_t num_pieces = count_pieces(rows_per_piece);
+  const int64_t heads_per_item = num_pieces >= target ? p.num_kv_heads : 1;
   const int64_t items_per_row = p.num_kv_heads / heads_per_item;
-  // Rows per piece: enough pieces for `target` items when the runs alone are too few (and threads are more than one).
-  const int64_t rows_per_piece = num_threads > 1 && num_runs * items_per_row < target
-      ? std::max<int64_t>(1, (batch * items_per_row + target - 1) / target) : batch;
+  if (num_threads > 1 && num_pieces * items_per_row < target) {  // enough pieces for `target` items
+    rows_per_piece = std::clamp<int64_t>((batch * items_per_row + target - 1) / target, 1, kMaxRowsPerPiece);
+  }
   std::vector<Item> items;
   for (int64_t k = 0; k < num_runs; ++k) {
     const int64_t first = run_starts[k], num_rows = run_starts[k + 1] - first;
-    const int64_t num_pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
-    for (int64_t piece = 0, row = first; piece < num_pieces; ++piece) {
-      const int64_t size = num_rows / num_pieces + (piece < num_rows % num_pieces ? 1 : 0);
+    const int64_t pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
+    for (int64_t piece = 0, row = first; piece < pieces; ++piece) {
+      const int64_t size = num_rows / pieces + (piece < num_rows % pieces ? 1 : 0);
       for (int64_t h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_item) {
         items.push_back({row, size, h0, h0 + heads_per_item});
       }

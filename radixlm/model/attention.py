@@ -1,10 +1,11 @@
 """Paged attention, plugged into transformers through its attention interface.
 
 transformers calls `paged_attention(module, query, key, value, ...)` in every attention layer with RoPE (and q/k
-norms) already applied. We write the new K/V at their slots, then attend each request over its own context, one
-SDPA call per request (decodes fold their query heads per KV head; prefill chunks are causal), reading a context
-that is one run of blocks as a slice of the cache and gathering the others. Per-step metadata arrives as the
-`radix_attn` keyword argument of `model(...)`; nothing is global.
+norms) already applied. We write the new K/V at their slots, then attend. With the C++ kernel (`decode.tables`) every
+row of every chunk attends as a decode, one call per layer, reading K/V blocks in place. The torch path (the
+reference) makes one SDPA call per request (decodes fold their query heads per KV head; prefill chunks are causal),
+reading a context that is one run of blocks as a slice of the cache and gathering the others. Per-step metadata
+arrives as the `radix_attn` keyword argument of `model(...)`; nothing is global.
 """
 
 from __future__ import annotations

@@ -28,12 +28,13 @@ _HOST = torch.device("cpu")
 
 @dataclass
 class DecodeGroup:
-    """Query rows that attend as decodes: one token of a request over its context (a request verifying drafts has
-    one row per position, each over the context up to it)."""
+    """Query rows that attend as decodes: one token of a request over its context (a request verifying drafts, or
+    with the C++ kernel any chunk, has one row per position, each over the context up to it)."""
 
     query_rows: torch.Tensor     # [B] rows of the packed batch
     context_lens: list[int]      # [B]
-    contexts: list[slice | torch.Tensor]  # [B] slots of positions 0..L-1: a slice when they are one run
+    contexts: list[slice | torch.Tensor]  # [B] slots of positions 0..L-1 (a slice when they are one run); empty
+    # when `tables` is set (the kernel reads the block tables instead)
     rows_are_prefix: bool        # query_rows == arange(B): slice instead of gather
     tables: DecodeTables | None = None  # the C++ kernel's block tables (only when that backend runs)
     _windowed: dict[int | None, list[slice | torch.Tensor]] = field(default_factory=dict)
@@ -111,8 +112,9 @@ class InputBatch:
               decode_kernel: bool = False) -> InputBatch:
         """`block_tables[request_id]`: the blocks of each chunk's request, covering its context.
         `extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
-        `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: also
-        build the block tables of the C++ decode kernel. The tensors are built on the host and placed on the KV
+        `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: every
+        chunk's rows attend as decodes through the C++ kernel's block tables (else prefill chunks are SDPA
+        segments, the torch reference). The tensors are built on the host and placed on the KV
         cache's device."""
         block_size = kv_cache.block_size
         device = kv_cache.device
@@ -137,14 +139,17 @@ class InputBatch:
             slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
                          else context[start:].tolist())
             context = context if isinstance(context, slice) else to_device(context, device)
-            if chunk.num_tokens == chunk.num_sampled:
-                # A decode, or one verifying drafts: each row attends like the decode of its position would, so
-                # drafted tokens get exactly the numbers plain decoding gives them.
-                for j in range(chunk.num_tokens):
-                    decode_rows.append(chunk_row + j)
-                    decode_lens.append(start + j + 1)
-                    decode_contexts.append(context if j == chunk.num_tokens - 1 else _prefix(context, start + j + 1))
-                    decode_tables.append(block_table)
+            if chunk.num_tokens == chunk.num_sampled or decode_kernel:
+                # A decode, one verifying drafts, or any chunk when the C++ kernel attends: each row attends like
+                # the decode of its position would, so drafted tokens get exactly the numbers plain decoding gives
+                # them, and with the kernel a token's numbers never depend on how its prompt was chunked, cached
+                # or batched (the kernel reads a chunk's context once for all its rows).
+                decode_rows.extend(range(chunk_row, chunk_row + chunk.num_tokens))
+                decode_lens.extend(range(start + 1, context_len + 1))
+                decode_tables.extend([block_table] * chunk.num_tokens)  # one object: the kernel shares it
+                if not decode_kernel:  # the torch path reads each row's slots
+                    decode_contexts.extend(_prefix(context, length) for length in range(start + 1, context_len))
+                    decode_contexts.append(context)
             else:
                 prefills.append(PrefillSegment(start=chunk_row, num_queries=chunk.num_tokens,
                                                context_slots=context if start > 0 else None, context_len=context_len,

@@ -25,3 +25,15 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, st
                                        pad_token_id=0)
         outputs.append(generated[0, len(prompt):].tolist())
     return outputs
+
+
+def hf_logit_gap(model_dir: Path, token_ids: list[int], first: int, second: int,
+                 prepare: Callable[[torch.nn.Module], object] | None = None) -> float:
+    """|logit(first) - logit(second)| of HF's model for the token after `token_ids` (teacher-forced): how near a
+    tie two greedy choices were."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if prepare is not None:
+        prepare(model)
+    with torch.inference_mode():
+        logits = model(torch.tensor([token_ids])).logits[0, -1]
+    return abs(logits[first].item() - logits[second].item())
