@@ -114,8 +114,7 @@ class InputBatch:
         `extra_logits_positions[request_id] = (first, end)`: also compute the logits of positions
         `first .. end - 1` of that request, which must lie in its chunk (prompt logprobs). `decode_kernel`: every
         chunk's rows attend as decodes through the C++ kernel's block tables (else prefill chunks are SDPA
-        segments, the torch reference). The tensors are built on the host and placed on the KV
-        cache's device."""
+        segments, the torch reference). The tensors are built on the host and placed on the KV cache's device."""
         block_size = kv_cache.block_size
         device = kv_cache.device
         token_ids: list[int] = []
