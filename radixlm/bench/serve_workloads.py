@@ -89,7 +89,15 @@ def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: Workload
 
 
 def _passages(tokenizer: PreTrainedTokenizerBase, count: int, rng: random.Random) -> list[str]:
-    """`count` passages of about PASSAGE_TOKENS tokens of the shipped text, starting at random paragraphs."""
-    token_ids = tokenizer.encode(TEXT_PATH.read_text(), add_special_tokens=False)
-    starts = [rng.randrange(0, max(1, len(token_ids) - PASSAGE_TOKENS)) for _ in range(count)]
-    return [tokenizer.decode(token_ids[start:start + PASSAGE_TOKENS]) for start in starts]
+    """`count` passages of about PASSAGE_TOKENS tokens of the shipped text, each starting at a random paragraph and
+    ending at the last sentence or paragraph end within its tokens (a passage that starts mid-sentence reads as a fragment to
+    comment on, not a text to repeat)."""
+    text = TEXT_PATH.read_text()
+    starts = [0] + [index + 2 for index in range(len(text)) if text.startswith("\n\n", index)]
+    passages = []
+    for _ in range(count):
+        token_ids = tokenizer.encode(text[rng.choice(starts):], add_special_tokens=False)[:PASSAGE_TOKENS]
+        passage = tokenizer.decode(token_ids)
+        end = max(passage.rfind(mark) + 1 for mark in (". ", ".\n", "? ", "! ", "\n\n"))  # a sentence or paragraph
+        passages.append(passage[:end].rstrip() if end > len(passage) // 2 else passage)
+    return passages

