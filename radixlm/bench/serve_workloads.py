@@ -90,8 +90,8 @@ def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: Workload
 
 def _passages(tokenizer: PreTrainedTokenizerBase, count: int, rng: random.Random) -> list[str]:
     """`count` passages of about PASSAGE_TOKENS tokens of the shipped text, each starting at a random paragraph and
-    ending at the last sentence or paragraph end within its tokens (a passage that starts mid-sentence reads as a fragment to
-    comment on, not a text to repeat)."""
+    ending at the last sentence or paragraph end within its tokens (a passage that starts mid-sentence reads as a
+    fragment to comment on, not a text to repeat)."""
     text = TEXT_PATH.read_text()
     starts = [0] + [index + 2 for index in range(len(text)) if text.startswith("\n\n", index)]
     passages = []
