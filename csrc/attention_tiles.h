@@ -75,6 +75,19 @@ inline __m128 sum4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
 }
 #endif
 
+// parts[g] = q_g * k, lane by lane, summed over the row's kC vectors: head g's dot product with K row k before its
+// horizontal sum. The row is loaded once for the kG heads.
+template <typename scalar_t, int64_t kC, int64_t kG>
+inline void dot_parts(const v16f (&qv)[kG][kC], const scalar_t* k, v16f (&parts)[kG]) {
+  v16f kv[kC];
+  for (int64_t c = 0; c < kC; ++c) kv[c] = load16(k + 16 * c);
+  for (int64_t g = 0; g < kG; ++g) {
+    v16f part = qv[g][0] * kv[0];
+    for (int64_t c = 1; c < kC; ++c) part += qv[g][c] * kv[c];
+    parts[g] = part;
+  }
+}
+
 // scores[(j0 + g) * kTile + i] = scale * q_{j0+g} . k_i for the tile's n positions of KV head h. Each K row is
 // loaded once for the kG heads; with AVX-512 the dot products of 4 positions are summed together (sum4).
 template <typename scalar_t, int64_t kC, int64_t kG>
@@ -87,40 +100,28 @@ inline void score_group(const float* q, const scalar_t* keys, const int64_t* row
   }
 #if defined(__AVX512F__)
   for (int64_t i0 = 0; i0 < n; i0 += 4) {  // kTile is a multiple of 4: the 4 scores always fit in the row
-    v16f parts[kG][4];
+    v16f parts[4][kG];  // [position][head]
     for (int64_t t = 0; t < 4; ++t) {
       const int64_t i = i0 + t;
       if (i >= n) {
-        for (int64_t g = 0; g < kG; ++g) parts[g][t] = v16f{};
+        for (int64_t g = 0; g < kG; ++g) parts[t][g] = v16f{};
         continue;
       }
       if (i < num_next) prefetch_row<scalar_t, d>(keys + next[i] + h * d);
-      const scalar_t* k = keys + rows[i] + h * d;
-      v16f kv[kC];
-      for (int64_t c = 0; c < kC; ++c) kv[c] = load16(k + 16 * c);
-      for (int64_t g = 0; g < kG; ++g) {
-        v16f part = qv[g][0] * kv[0];
-        for (int64_t c = 1; c < kC; ++c) part += qv[g][c] * kv[c];
-        parts[g][t] = part;
-      }
+      dot_parts<scalar_t, kC, kG>(qv, keys + rows[i] + h * d, parts[t]);
     }
     for (int64_t g = 0; g < kG; ++g) {
-      const __m128 sums = sum4(reinterpret_cast<__m512>(parts[g][0]), reinterpret_cast<__m512>(parts[g][1]),
-                               reinterpret_cast<__m512>(parts[g][2]), reinterpret_cast<__m512>(parts[g][3]));
+      const __m128 sums = sum4(reinterpret_cast<__m512>(parts[0][g]), reinterpret_cast<__m512>(parts[1][g]),
+                               reinterpret_cast<__m512>(parts[2][g]), reinterpret_cast<__m512>(parts[3][g]));
       _mm_storeu_ps(scores + (j0 + g) * kTile + i0, _mm_mul_ps(sums, _mm_set1_ps(scale)));
     }
   }
 #else
   for (int64_t i = 0; i < n; ++i) {
     if (i < num_next) prefetch_row<scalar_t, d>(keys + next[i] + h * d);
-    const scalar_t* k = keys + rows[i] + h * d;
-    v16f kv[kC];
-    for (int64_t c = 0; c < kC; ++c) kv[c] = load16(k + 16 * c);
-    for (int64_t g = 0; g < kG; ++g) {
-      v16f part = qv[g][0] * kv[0];
-      for (int64_t c = 1; c < kC; ++c) part += qv[g][c] * kv[c];
-      scores[(j0 + g) * kTile + i] = reduce16(part) * scale;
-    }
+    v16f parts[kG];
+    dot_parts<scalar_t, kC, kG>(qv, keys + rows[i] + h * d, parts);
+    for (int64_t g = 0; g < kG; ++g) scores[(j0 + g) * kTile + i] = reduce16(parts[g]) * scale;
   }
 #endif
 }

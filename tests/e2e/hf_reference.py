@@ -12,9 +12,7 @@ from transformers import AutoModelForCausalLM
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False,
               prepare: Callable[[torch.nn.Module], object] | None = None) -> list[list[int]]:
     """HF `generate`, greedy, one prompt at a time; `prepare(model)` may change the loaded model first."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if prepare is not None:
-        prepare(model)
+    model = _load(model_dir, prepare)
     if not stop_at_eos:
         model.generation_config.eos_token_id = None
     outputs = []
@@ -31,9 +29,14 @@ def hf_logit_gap(model_dir: Path, token_ids: list[int], first: int, second: int,
                  prepare: Callable[[torch.nn.Module], object] | None = None) -> float:
     """|logit(first) - logit(second)| of HF's model for the token after `token_ids` (teacher-forced): how near a
     tie two greedy choices were."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if prepare is not None:
-        prepare(model)
+    model = _load(model_dir, prepare)
     with torch.inference_mode():
         logits = model(torch.tensor([token_ids])).logits[0, -1]
     return abs(logits[first].item() - logits[second].item())
+
+
+def _load(model_dir: Path, prepare: Callable[[torch.nn.Module], object] | None) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if prepare is not None:
+        prepare(model)
+    return model
