@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.bench.step_probe import StepProbe, read_seconds, weight_bytes, weight_tensors
+from radixlm.config import SchedulerConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.model.kv_cache import kv_bytes_per_token
 from radixlm.sampling_params import SamplingParams
@@ -95,7 +96,9 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
     options = {"max_num_seqs": max_batch, "enable_prefix_caching": shared, **engine_options}
     if "num_kv_blocks" not in engine_options and "kv_cache_memory" not in engine_options:
         block_size = int(options.get("block_size", 16))  # type: ignore[call-overload]
-        tokens = context_len + WARMUP_STEPS + grid.num_steps * len(grid.batch_sizes) + 2
+        budget = int(options.get("max_num_batched_tokens", SchedulerConfig.max_num_batched_tokens))
+        tokens = (context_len + _prefill_decode_steps(budget, max_batch, context_len) + WARMUP_STEPS
+                  + grid.num_steps * len(grid.batch_sizes) + 2)
         options["num_kv_blocks"] = max_batch * math.ceil(tokens / block_size) + 4
     engine = build_engine(**options)
     _prefill(engine, max_batch, context_len, shared, seed)
@@ -119,6 +122,13 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
     finally:
         probe.close()
     return sorted(rows, key=lambda r: r.batch_size)
+
+
+def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> int:
+    """Tokens a request may decode while the others are still prefilling (one per step of the prefill), which its
+    blocks must hold: without them the cache runs short, requests are preempted and recomputed, and the prefill
+    never settles (at 64 x 1,024 tokens it ran for minutes and left one request with an 8,000-token context)."""
+    return math.ceil(num_requests * context_len / budget) + 1
 
 
 def _part_bandwidths(engine: LLMEngine) -> tuple[float, float]:
@@ -150,6 +160,12 @@ def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: boo
             engine.step()
     finally:
         decoder.layers = layers
+    budget = engine.config.scheduler.max_num_batched_tokens
+    longest = context_len + _prefill_decode_steps(budget, num_requests, context_len)
+    lens = [r.num_computed_tokens for r in engine.scheduler.requests.values()]
+    if len(lens) != num_requests or not all(context_len <= n <= longest for n in lens):
+        raise RuntimeError(f"prefill did not settle: {len(lens)} requests with contexts {min(lens)}-{max(lens)}, "
+                           f"expected {num_requests} of {context_len}-{longest}")
     cache = engine.runner.kv_cache
     for caches in (cache.key_caches, cache.value_caches):
         for layer_cache in caches[1:]:
