@@ -16,7 +16,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
     # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there.
     flags = ["-O3", "-march=native", "-fopenmp"]
-    ext_modules = [CppExtension("radixlm._C", ["csrc/paged_attention.cpp", "csrc/linear.cpp"], extra_compile_args=flags,
+    ext_modules = [CppExtension("radixlm._C", ["csrc/paged_attention.cpp", "csrc/linear.cpp",
+                                                "csrc/kv_write.cpp"], extra_compile_args=flags,
                                 extra_link_args=["-fopenmp"])]
     cmdclass = {"build_ext": BuildExtension}
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from radixlm.model.decode_kernel import paged_decode_attention
+from radixlm.model.decode_kernel import paged_decode_attention, write_kv
 from radixlm.model.input_batch import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Avoid "sdpa", "flash", "flex" and "paged|" in the name: transformers gives those names special treatment.
@@ -38,8 +38,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     key_cache = radix_attn.kv_cache.key_caches[layer]
     value_cache = radix_attn.kv_cache.value_caches[layer]
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
-    key_cache.index_copy_(0, radix_attn.slot_mapping, new_keys.to(key_cache.dtype))
-    value_cache.index_copy_(0, radix_attn.slot_mapping, new_values.to(value_cache.dtype))
+    write_kv(key_cache, value_cache, radix_attn.slot_mapping, new_keys, new_values)
 
     queries = query[0]  # [Hq, T, D]
     decode = radix_attn.decode

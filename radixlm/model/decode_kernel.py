@@ -26,11 +26,29 @@ def extension_error() -> str | None:
     except ImportError as error:
         return str(error)
     torch.library.register_fake("radixlm::paged_decode_attention")(_fake_decode_attention)
+    torch.library.register_fake("radixlm::write_kv")(_fake_write_kv)
     return None
 
 
 def _fake_decode_attention(query: torch.Tensor, *args: object) -> torch.Tensor:
     return query.new_empty(query.shape)
+
+
+def _fake_write_kv(*args: object) -> None:
+    return None
+
+
+def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
+             values: torch.Tensor) -> None:
+    """`key_cache[slot_mapping[t]] = keys[t]` and likewise for the values (`[T, Hkv, D]` rows, any strides), in the
+    caches' dtype. On CPU with the extension one C++ call does both (index_copy_ paid about 6-30 us of set-up per
+    call, twice per layer); elsewhere `index_copy_`, the reference, does it."""
+    if (key_cache.device.type == "cpu" and keys.dtype == torch.float32 and values.dtype == torch.float32
+            and keys.stride(-1) == 1 and values.stride(-1) == 1 and extension_error() is None):
+        torch.ops.radixlm.write_kv(key_cache, value_cache, slot_mapping, keys, values)
+        return
+    key_cache.index_copy_(0, slot_mapping, keys.to(key_cache.dtype))
+    value_cache.index_copy_(0, slot_mapping, values.to(value_cache.dtype))
 
 
 def resolve_backend(requested: str) -> str:

@@ -7,7 +7,13 @@ import torch
 
 from radixlm.core.step import ScheduledChunk, SchedulerOutput
 from radixlm.model.attention import paged_attention
-from radixlm.model.decode_kernel import DecodeTables, extension_error, paged_decode_attention, resolve_backend
+from radixlm.model.decode_kernel import (
+    DecodeTables,
+    extension_error,
+    paged_decode_attention,
+    resolve_backend,
+    write_kv,
+)
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache
 
@@ -225,3 +231,27 @@ def test_a_token_attends_alike_in_a_prefill_a_chunk_or_a_decode(sliding_window):
         outputs[start] = out[0]
     assert torch.equal(outputs[40], outputs[0][40:])
     assert torch.equal(outputs[69], outputs[0][69:])
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_matches_index_copy(kv_dtype):
+    """The C++ K/V write puts exactly what index_copy_ puts (bfloat16 rounded alike), from transposed rows."""
+    torch.manual_seed(0)
+    slots = torch.tensor([5, 0, 63, 17, 40], dtype=torch.long)
+    keys, values = (torch.randn(NUM_KV_HEADS, len(slots), 64).transpose(0, 1) * 1e3 for _ in range(2))
+    caches = [(torch.randn(64, NUM_KV_HEADS, 64).to(kv_dtype), torch.randn(64, NUM_KV_HEADS, 64).to(kv_dtype))
+              for _ in range(2)]
+    expected_keys, expected_values = (c.clone() for c in caches[0])
+    expected_keys.index_copy_(0, slots, keys.to(kv_dtype))
+    expected_values.index_copy_(0, slots, values.to(kv_dtype))
+    key_cache, value_cache = caches[1][0].copy_(caches[0][0]), caches[1][1].copy_(caches[0][1])
+    write_kv(key_cache, value_cache, slots, keys, values)
+    assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
+
+
+def test_write_kv_rejects_slots_outside_the_cache():
+    cache = torch.zeros(8, NUM_KV_HEADS, 64)
+    rows = torch.zeros(1, NUM_KV_HEADS, 64)
+    for slot in (8, -1):
+        with pytest.raises(RuntimeError, match="outside the cache"):
+            torch.ops.radixlm.write_kv(cache, cache.clone(), torch.tensor([slot]), rows, rows)
