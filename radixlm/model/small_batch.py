@@ -109,7 +109,18 @@ class Int8Rows:
     def supported(in_features: int) -> bool:
         return in_features <= INT8_MAX_FEATURES and kernels_available()
 
+    def arguments(self, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor | None]:
+        """What `small_batch_int8_linear(x, *arguments)` takes after x."""
+        return self.weight, self.scales, self.sums, bias
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x `[..., K]` float32 of at most `INT8_MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path
         computes it."""
-        return torch.ops.radixlm.small_batch_int8_linear.default(x, self.weight, self.scales, self.sums, bias)
+        return small_batch_int8_linear(x, *self.arguments(bias))
+
+
+def small_batch_int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
+                            bias: torch.Tensor | None) -> torch.Tensor:
+    """The int8 kernel (see `Int8Rows`); needs the extension."""
+    return torch.ops.radixlm.small_batch_int8_linear.default(x, weight, scales, sums, bias)
