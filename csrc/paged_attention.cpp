@@ -5,8 +5,12 @@
 // Work items are a request's rows (all KV heads: one contiguous run of memory per position), or (rows, KV head)
 // pairs when there are too few requests for the threads, spread over OpenMP threads; each K/V row is read once for
 // all the query heads and rows that share it (GQA, verification) and the softmax is computed online in one pass
-// over the context, tile by tile. Storage may be float32 or bfloat16;
-// arithmetic is float32. The inner loops are plain C++ (GCC vector types) that -O3 and the host ISA vectorise.
+// over the context, tile by tile; contexts longer than kSplitPositions are cut at fixed positions into splits of
+// their own, merged after. Storage may be float32 or bfloat16; arithmetic is float32. The inner loops are plain C++
+// (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
+//
+// attention_plan.h holds the problem and its work items, attention_softmax.h the softmax phase and the merge of
+// splits, attention_tiles.h the register-tiled score and value phases.
 
 #include <Python.h>
 #include <torch/library.h>
@@ -25,11 +29,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_plan.h"
+#include "attention_softmax.h"
 #include "attention_tiles.h"
 
 namespace {
 
-using namespace radixlm_attention;  // the register-tiled phases and kTile
+using namespace radixlm_attention;  // the plan, the softmax, the register-tiled phases and kTile
 constexpr int64_t kPrefetchTiles = 1;  // how far ahead the K/V rows are asked for
 
 // Element e of a K/V row as float32. bfloat16 is the top half of a float32, so widening is a zero-extend and a
@@ -53,107 +59,6 @@ template <typename scalar_t>
 inline void add_scaled(float* __restrict acc, float weight, const scalar_t* __restrict v, int64_t n) {
 #pragma omp simd
   for (int64_t e = 0; e < n; ++e) acc[e] += weight * load(v, e);
-}
-
-// exp(x) for x <= 0 (logit minus the running max), written so the compiler vectorises it (std::exp does not
-// vectorise without -ffast-math): Cody-Waite range reduction and a degree-6 polynomial, ~2 ulp. Inputs below
-// -87 give ~1e-38 instead of 0, which no sum of probabilities can notice.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  // Round x / ln2 to the nearest integer n by the 1.5 * 2^23 trick (floor and lrint do not vectorise everywhere).
-  const float shifted = x * 1.44269504088896341f + 12582912.0f;
-  const float n = shifted - 12582912.0f;
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  const int32_t exponent = static_cast<int32_t>(n) + 127;
-  const float scale = std::bit_cast<float>(static_cast<uint32_t>(exponent) << 23);
-  return y * scale;
-}
-
-struct Problem {
-  const float* query;  // [B, Hq, D]: row (b, h) at query + b * query_stride_b + h * query_stride_h, D contiguous
-  float* out;          // [B, Hq, D] contiguous
-  const int32_t* block_table;    // flat: the blocks of request b start at block_offsets[b]
-  const int32_t* block_offsets;  // [B]
-  const int32_t* context_lens;   // [B]
-  int64_t query_stride_b, query_stride_h;
-  int64_t num_heads, num_kv_heads, head_dim, block_size, sliding_window;
-  float scale, softcap;
-};
-
-#if defined(__AVX512F__)
-// exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
-// range reduction into code this tight).
-inline __m512 exp16_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 round = _mm512_set1_ps(12582912.0f);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
-  }
-  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
-}
-#endif
-
-// Turns one tile of logits `s[0..n)` of one query head into weights against the running max and sum (soft-capping
-// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max.
-inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& running_max, float& running_sum,
-                         float* __restrict acc, int64_t d) {
-  if (softcap > 0.f) {
-    for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
-  }
-#if defined(__AVX512F__)
-  if (n == kTile && d % 16 == 0) {  // a whole tile in vectors: the generic loops took 1.6x as long
-    static_assert(kTile % 16 == 0, "the whole-tile path holds a tile in whole vectors");
-    constexpr int64_t kVectors = kTile / 16;
-    __m512 logits[kVectors];
-    __m512 top = _mm512_loadu_ps(s);
-    for (int64_t v = 0; v < kVectors; ++v) {
-      logits[v] = _mm512_loadu_ps(s + 16 * v);
-      top = _mm512_max_ps(top, logits[v]);
-    }
-    const float tile_max = std::max(running_max, _mm512_reduce_max_ps(top));
-    const __m512 max = _mm512_set1_ps(tile_max);
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t v = 0; v < kVectors; ++v) {
-      const __m512 weights = exp16_nonpositive(_mm512_sub_ps(logits[v], max));
-      _mm512_storeu_ps(s + 16 * v, weights);
-      total = _mm512_add_ps(total, weights);
-    }
-    const float correction = exp_nonpositive(running_max - tile_max);
-    running_sum = running_sum * correction + _mm512_reduce_add_ps(total);
-    running_max = tile_max;
-    const __m512 scale = _mm512_set1_ps(correction);
-    for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), scale));
-    return;
-  }
-#endif
-  float tile_max = running_max;
-#pragma omp simd reduction(max : tile_max)
-  for (int64_t i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
-  float tile_sum = 0.f;
-#pragma omp simd reduction(+ : tile_sum)
-  for (int64_t i = 0; i < n; ++i) {
-    s[i] = exp_nonpositive(s[i] - tile_max);
-    tile_sum += s[i];
-  }
-  const float correction = exp_nonpositive(running_max - tile_max);
-  running_sum = running_sum * correction + tile_sum;
-  running_max = tile_max;
-#pragma omp simd
-  for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
 }
 
 // scores[j, i] = scale * q_j . k_i for the `n` positions of a tile (element offsets `rows[i]` of KV head h0) and
@@ -182,12 +87,14 @@ inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows
 // vectorises across rows with gathers, which is far slower.
 template <typename scalar_t, int64_t kD>
 void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t num_rows,
-                 int64_t h0, int64_t h1, std::vector<float>& scratch) {
+                 int64_t h0, int64_t h1, int64_t split, std::vector<float>& scratch) {
   const int64_t rep = p.num_heads / p.num_kv_heads, d = kD > 0 ? kD : p.head_dim;
   const int64_t num_kv = h1 - h0, per_row = num_kv * rep, num_q = num_rows * per_row;
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
-  // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start.
-  const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
+  // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start. This item
+  // attends positions [first, end) of the split.
+  const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
+  const int64_t end = std::min(context_len, (split + 1) * kSplitPositions);
   const int32_t* blocks = p.block_table + p.block_offsets[b];
 
   scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
@@ -224,8 +131,8 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
       }
     }
   }
-  for (int64_t start = first; start < context_len; start += kTile) {
-    const int64_t n = std::min(kTile, context_len - start);
+  for (int64_t start = first; start < end; start += kTile) {
+    const int64_t n = std::min(kTile, end - start);
     for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
     // The rows of a tile jump between blocks and heads, which the hardware prefetchers follow poorly: each phase
     // asks for the rows of its head kPrefetchTiles tiles ahead, one per position it processes, so the requests
@@ -275,6 +182,19 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
     }
   }
   for (int64_t r = 0; r < num_rows; ++r) {
+    const int64_t row_len = p.context_lens[b + r];
+    if (split > last_split(row_len)) continue;  // a shorter row of the group, with nothing in this split
+    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
+      float* record = p.partials + (p.partial_offsets[b + r] + (split - first_split(p, row_len)) * p.num_heads +
+                                    h0 * rep) * (d + 2);
+      for (int64_t jj = 0; jj < per_row; ++jj, record += d + 2) {
+        const int64_t j = r * per_row + jj;
+        record[0] = running_max[j];
+        record[1] = running_sum[j];
+        std::copy_n(acc + j * d, d, record + 2);
+      }
+      continue;
+    }
     float* out = p.out + ((b + r) * p.num_heads + h0 * rep) * d;
     for (int64_t jj = 0; jj < per_row; ++jj) {
       const int64_t j = r * per_row + jj;
@@ -285,73 +205,28 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
   }
 }
 
-// K/V bytes a thread should read for waking it to pay off (tens of microseconds of work). Smaller steps (a request
-// or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
-// has descheduled, which measured up to milliseconds per call here.
-constexpr int64_t kMinBytesPerThread = 1 << 20;
-
-struct Item {
-  int64_t row, num_rows, h0, h1;
-};
-
-// Rows of one run a work item takes at most: a long run (a prefill chunk attending as decodes) is cut into pieces
-// that each read the context again, from cache, so that an item's queries and accumulators stay small.
-constexpr int64_t kMaxRowsPerPiece = 64;
-
-// The work items of a step: runs of rows of one request (consecutive rows with the same block offset and
-// non-decreasing lengths: a decode verifying drafts, or a prefill chunk; never with a sliding window, whose rows
-// start at different positions), cut into pieces of at most kMaxRowsPerPiece rows, times KV heads. An item reads
-// each position's K/V rows of all heads, one contiguous run of memory; with too few pieces to keep every thread
-// busy, items take one KV head, and pieces are cut smaller (each piece reads the context again, from cache).
-std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_threads) {
-  std::vector<int64_t> run_starts;
-  for (int64_t b = 0; b < batch; ++b) {
-    const bool continues = b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
-                           p.context_lens[b] >= p.context_lens[b - 1];
-    if (!continues) run_starts.push_back(b);
-  }
-  const int64_t num_runs = static_cast<int64_t>(run_starts.size());
-  run_starts.push_back(batch);
-  const auto count_pieces = [&](int64_t cap) {
-    int64_t count = 0;
-    for (int64_t k = 0; k < num_runs; ++k) count += (run_starts[k + 1] - run_starts[k] + cap - 1) / cap;
-    return count;
-  };
-  const int64_t target = 4 * num_threads;
-  int64_t rows_per_piece = kMaxRowsPerPiece;
-  const int64_t num_pieces = count_pieces(rows_per_piece);
-  const int64_t heads_per_item = num_pieces >= target ? p.num_kv_heads : 1;
-  const int64_t items_per_row = p.num_kv_heads / heads_per_item;
-  if (num_threads > 1 && num_pieces * items_per_row < target) {  // enough pieces for `target` items
-    rows_per_piece = std::clamp<int64_t>((batch * items_per_row + target - 1) / target, 1, kMaxRowsPerPiece);
-  }
-  std::vector<Item> items;
-  for (int64_t k = 0; k < num_runs; ++k) {
-    const int64_t first = run_starts[k], num_rows = run_starts[k + 1] - first;
-    const int64_t pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
-    for (int64_t piece = 0, row = first; piece < pieces; ++piece) {
-      const int64_t size = num_rows / pieces + (piece < num_rows % pieces ? 1 : 0);
-      for (int64_t h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_item) {
-        items.push_back({row, size, h0, h0 + heads_per_item});
-      }
-      row += size;
-    }
-  }
-  return items;
-}
-
 template <typename scalar_t, int64_t kD>
-void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
+void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
   int64_t num_positions = 0;
+  std::vector<int64_t> partial_offsets(batch), merged_rows;
+  int64_t num_records = 0;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = p.context_lens[b];
-    num_positions += p.sliding_window > 0 ? std::min<int64_t>(len, p.sliding_window) : len;
+    num_positions += len - first_position(p, len);
+    partial_offsets[b] = num_records;
+    if (num_splits(p, len) > 1) {
+      num_records += num_splits(p, len) * p.num_heads;
+      merged_rows.push_back(b);
+    }
   }
+  std::vector<float> partials(num_records * (p.head_dim + 2));
+  p.partials = partials.data();
+  p.partial_offsets = partial_offsets.data();
   const int64_t num_bytes = 2 * num_positions * p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t num_threads =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
   const std::vector<Item> items = plan_items(p, batch, num_threads);
-  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int64_t num_items = static_cast<int64_t>(items.size()), num_merged = static_cast<int64_t>(merged_rows.size());
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
@@ -359,8 +234,10 @@ void run(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < num_items; ++k) {
       const Item& item = items[k];
-      attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, scratch);
+      attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, item.split, scratch);
     }
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < num_merged; ++k) merge_splits(p, merged_rows[k]);
   }
 }
 
@@ -424,7 +301,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
             block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
             num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
-            static_cast<float>(softcap)};
+            static_cast<float>(softcap), nullptr, nullptr};
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim<float>(p, key_cache, value_cache, batch);
   } else {

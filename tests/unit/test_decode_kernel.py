@@ -129,8 +129,9 @@ def test_verification_rows_share_one_table():
 
 
 # (start, number of rows) per request: a plain decode, verifications crossing tile and block edges, another decode;
-# or one long verification alone (its rows are cut into pieces for the threads).
-REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)]]
+# one long verification alone (its rows are cut into pieces for the threads); or verifications whose rows end on
+# both sides of a context split (512) and a decode spanning three splits.
+REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)], [(500, 17), (1500, 3), (5, 1)]]
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -179,6 +180,29 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
     reference, _ = paged_attention(_Layer(), query.transpose(0, 1)[None], key, value, None,
                                    scaling=head_dim ** -0.5, sliding_window=sliding_window, radix_attn=metadata)
     torch.testing.assert_close(kernel, reference[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_a_long_context_gets_the_same_numbers_alone_or_in_a_batch(num_threads):
+    """A lone request's long context is split into several work items (its KV heads alone are too few for the
+    threads); in a full batch it is not cut further. The splits are fixed positions, so both give the same bits."""
+    block_size, head_dim, num_heads = 16, 64, 3 * NUM_KV_HEADS
+    lengths = [1300] + [37 + 11 * i for i in range(19)]
+    tables = _tables("scattered", lengths, block_size, sum(-(-n // block_size) for n in lengths), random.Random(3))
+    cache = PagedKVCache(1, 1 + max(max(t) for t in tables), block_size, NUM_KV_HEADS, head_dim, torch.float32)
+    torch.manual_seed(2)
+    cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
+    cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
+    query = torch.randn(len(lengths), num_heads, head_dim)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        outs = [paged_decode_attention(query[:count], cache.key_caches[0], cache.value_caches[0],
+                                       DecodeTables.build(tables[:count], lengths[:count], block_size),
+                                       head_dim ** -0.5, None, None) for count in (1, len(lengths))]
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0][0], outs[1][0])
 
 
 def test_backend_choice():

@@ -1,0 +1,106 @@
+// The work of one call of the paged decode kernel (csrc/paged_attention.cpp): its problem, the context splits, and
+// the work items the threads share. Included by that file only; the namespace keeps these names to it.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace radixlm_attention {
+
+struct Problem {
+  const float* query;  // [B, Hq, D]: row (b, h) at query + b * query_stride_b + h * query_stride_h, D contiguous
+  float* out;          // [B, Hq, D] contiguous
+  const int32_t* block_table;    // flat: the blocks of request b start at block_offsets[b]
+  const int32_t* block_offsets;  // [B]
+  const int32_t* context_lens;   // [B]
+  int64_t query_stride_b, query_stride_h;
+  int64_t num_heads, num_kv_heads, head_dim, block_size, sliding_window;
+  float scale, softcap;
+  // Rows whose context spans several splits (see kSplitPositions) leave one partial result per (split, query head)
+  // here, merged after all items: request b's start at partials + partial_offsets[b] * (head_dim + 2).
+  float* partials;
+  const int64_t* partial_offsets;
+};
+
+// A row's context is attended in splits of this many positions, cut at absolute positions (0, 512, ...), each a work
+// item of its own, and the splits' partial softmax results are merged in order. A long context then keeps both
+// threads busy even for one request (its KV heads alone are too few items). The cuts depend on the row's own length
+// only, never on the batch, so a row gets the same numbers in any step.
+constexpr int64_t kSplitPositions = 512;
+
+inline int64_t first_position(const Problem& p, int64_t context_len) {
+  return p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
+}
+
+// Splits [first, last] of a row: an empty context has one (split 0, with nothing in it).
+inline int64_t first_split(const Problem& p, int64_t context_len) {
+  return first_position(p, context_len) / kSplitPositions;
+}
+
+inline int64_t last_split(int64_t context_len) { return std::max<int64_t>(context_len - 1, 0) / kSplitPositions; }
+
+inline int64_t num_splits(const Problem& p, int64_t context_len) {
+  return last_split(context_len) - first_split(p, context_len) + 1;
+}
+
+// K/V bytes a thread should read for waking it to pay off (tens of microseconds of work). Smaller steps (a request
+// or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
+// has descheduled, which measured up to milliseconds per call here.
+constexpr int64_t kMinBytesPerThread = 1 << 20;
+
+struct Item {
+  int64_t row, num_rows, h0, h1, split;
+};
+
+// Rows of one run a work item takes at most: a long run (a prefill chunk attending as decodes) is cut into pieces
+// that each read the context again, from cache, so that an item's queries and accumulators stay small.
+constexpr int64_t kMaxRowsPerPiece = 64;
+
+// The work items of a step: runs of rows of one request (consecutive rows with the same block offset and
+// non-decreasing lengths: a decode verifying drafts, or a prefill chunk; never with a sliding window, whose rows
+// start at different positions), cut into pieces of at most kMaxRowsPerPiece rows, times KV heads. An item reads
+// each position's K/V rows of all heads, one contiguous run of memory; with too few pieces to keep every thread
+// busy, items take one KV head, and pieces are cut smaller (each piece reads the context again, from cache).
+std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_threads) {
+  std::vector<int64_t> run_starts;
+  for (int64_t b = 0; b < batch; ++b) {
+    const bool continues = b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
+                           p.context_lens[b] >= p.context_lens[b - 1];
+    if (!continues) run_starts.push_back(b);
+  }
+  const int64_t num_runs = static_cast<int64_t>(run_starts.size());
+  run_starts.push_back(batch);
+  const auto count_pieces = [&](int64_t cap) {
+    int64_t count = 0;
+    for (int64_t k = 0; k < num_runs; ++k) count += (run_starts[k + 1] - run_starts[k] + cap - 1) / cap;
+    return count;
+  };
+  const int64_t target = 4 * num_threads;
+  int64_t rows_per_piece = kMaxRowsPerPiece;
+  const int64_t num_pieces = count_pieces(rows_per_piece);
+  const int64_t heads_per_item = num_pieces >= target ? p.num_kv_heads : 1;
+  const int64_t items_per_row = p.num_kv_heads / heads_per_item;
+  if (num_threads > 1 && num_pieces * items_per_row < target) {  // enough pieces for `target` items
+    rows_per_piece = std::clamp<int64_t>((batch * items_per_row + target - 1) / target, 1, kMaxRowsPerPiece);
+  }
+  std::vector<Item> items;
+  for (int64_t k = 0; k < num_runs; ++k) {
+    const int64_t first = run_starts[k], num_rows = run_starts[k + 1] - first;
+    const int64_t pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
+    for (int64_t piece = 0, row = first; piece < pieces; ++piece) {
+      const int64_t size = num_rows / pieces + (piece < num_rows % pieces ? 1 : 0);
+      const int64_t longest = p.context_lens[row + size - 1];
+      for (int64_t split = first_split(p, longest); split <= last_split(longest); ++split) {
+        for (int64_t h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_item) {
+          items.push_back({row, size, h0, h0 + heads_per_item, split});
+        }
+      }
+      row += size;
+    }
+  }
+  return items;
+}
+
+}  // namespace radixlm_attention

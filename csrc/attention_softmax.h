@@ -1,0 +1,132 @@
+// The softmax phase of the paged decode kernel (csrc/paged_attention.cpp): exp, the online softmax of a tile, and the
+// merge of a context's splits. Included by that file only; the namespace keeps these names to it.
+
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "attention_plan.h"
+#include "attention_tiles.h"
+
+namespace radixlm_attention {
+
+// exp(x) for x <= 0 (logit minus the running max), written so the compiler vectorises it (std::exp does not
+// vectorise without -ffast-math): Cody-Waite range reduction and a degree-6 polynomial, ~2 ulp. Inputs below
+// -87 give ~1e-38 instead of 0, which no sum of probabilities can notice.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  // Round x / ln2 to the nearest integer n by the 1.5 * 2^23 trick (floor and lrint do not vectorise everywhere).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t exponent = static_cast<int32_t>(n) + 127;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(exponent) << 23);
+  return y * scale;
+}
+
+#if defined(__AVX512F__)
+// exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
+// range reduction into code this tight).
+inline __m512 exp16_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+  }
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
+}
+#endif
+
+// Turns one tile of logits `s[0..n)` of one query head into weights against the running max and sum (soft-capping
+// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max.
+inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& running_max, float& running_sum,
+                         float* __restrict acc, int64_t d) {
+  if (softcap > 0.f) {
+    for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
+  }
+#if defined(__AVX512F__)
+  if (n == kTile && d % 16 == 0) {  // a whole tile in vectors: the generic loops took 1.6x as long
+    static_assert(kTile % 16 == 0, "the whole-tile path holds a tile in whole vectors");
+    constexpr int64_t kVectors = kTile / 16;
+    __m512 logits[kVectors];
+    __m512 top = _mm512_loadu_ps(s);
+    for (int64_t v = 0; v < kVectors; ++v) {
+      logits[v] = _mm512_loadu_ps(s + 16 * v);
+      top = _mm512_max_ps(top, logits[v]);
+    }
+    const float tile_max = std::max(running_max, _mm512_reduce_max_ps(top));
+    const __m512 max = _mm512_set1_ps(tile_max);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t v = 0; v < kVectors; ++v) {
+      const __m512 weights = exp16_nonpositive(_mm512_sub_ps(logits[v], max));
+      _mm512_storeu_ps(s + 16 * v, weights);
+      total = _mm512_add_ps(total, weights);
+    }
+    const float correction = exp_nonpositive(running_max - tile_max);
+    running_sum = running_sum * correction + _mm512_reduce_add_ps(total);
+    running_max = tile_max;
+    const __m512 scale = _mm512_set1_ps(correction);
+    for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), scale));
+    return;
+  }
+#endif
+  float tile_max = running_max;
+#pragma omp simd reduction(max : tile_max)
+  for (int64_t i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
+  float tile_sum = 0.f;
+#pragma omp simd reduction(+ : tile_sum)
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = exp_nonpositive(s[i] - tile_max);
+    tile_sum += s[i];
+  }
+  const float correction = exp_nonpositive(running_max - tile_max);
+  running_sum = running_sum * correction + tile_sum;
+  running_max = tile_max;
+#pragma omp simd
+  for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
+}
+
+// The output of a row attended in splits: its partial results combined in split order (each rescaled to the
+// largest max), one query head at a time.
+void merge_splits(const Problem& p, int64_t b) {
+  const int64_t d = p.head_dim, count = num_splits(p, p.context_lens[b]), stride = p.num_heads * (d + 2);
+  for (int64_t h = 0; h < p.num_heads; ++h) {
+    const float* first = p.partials + (p.partial_offsets[b] + h) * (d + 2);
+    float top = -1e30f;
+    for (int64_t k = 0; k < count; ++k) top = std::max(top, first[k * stride]);
+    float* out = p.out + (b * p.num_heads + h) * d;
+    std::fill(out, out + d, 0.f);
+    float total = 0.f;
+    for (int64_t k = 0; k < count; ++k) {
+      const float* record = first + k * stride;
+      const float weight = exp_nonpositive(record[0] - top);
+      total += record[1] * weight;
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) out[e] += record[2 + e] * weight;
+    }
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+#pragma omp simd
+    for (int64_t e = 0; e < d; ++e) out[e] *= inverse;
+  }
+}
+
+}  // namespace radixlm_attention
