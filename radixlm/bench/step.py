@@ -8,9 +8,11 @@ logits), sampler, scheduler (schedule + update), engine (the rest of `engine.ste
 
 Bounds: attention's is the K/V bytes the decode rows read (every request's whole context, shared blocks counted
 per request) over the read bandwidth of the KV cache itself; the linears' is their weight bytes over the read
-bandwidth of those weights. Both bandwidths are measured in the same run by streaming reductions over those very
-tensors with the engine's threads: on this machine a fresh buffer's read bandwidth varied 2-3x from one allocation
-to the next, so one figure measured elsewhere made a loose, noisy yardstick (it is still printed, for reference).
+bandwidth of those weights. Both bandwidths are measured by streaming reductions over those very tensors with the
+engine's threads, one after each timed step, and every figure is a median over the steps: this machine's memory
+speed drifts (reads of the same cache a minute apart differed 1.6x), and a yardstick taken at another moment, or a
+best-of read against mean step times, would move the ratios by that much. (A fresh buffer's bandwidth, which varied
+2-3x from one allocation to the next, is printed once for reference.)
 
 Contexts are prefilled through the first decoder layer only, and its K/V are copied into the other layers: a decode
 step's cost depends on shapes, not on the values, and this makes the full grid's prefill about 30x cheaper.
@@ -19,6 +21,7 @@ step's cost depends on shapes, not on the values, and this makes the full grid's
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -102,9 +105,6 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
         options["num_kv_blocks"] = max_batch * math.ceil(tokens / block_size) + 4
     engine = build_engine(**options)
     _prefill(engine, max_batch, context_len, shared, seed)
-    linears_bandwidth, kv_bandwidth = _part_bandwidths(engine)
-    print(f"read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of the KV cache "
-          f"{kv_bandwidth / 1e9:.1f} GB/s")
     probe = StepProbe(engine)
     rows = []
     try:
@@ -113,10 +113,17 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
             for _ in range(WARMUP_STEPS):
                 engine.step()
             kv_bytes = _kv_bytes_per_step(engine)
-            probe.reset()
+            steps, bandwidths = [], []
             for _ in range(grid.num_steps):
+                probe.reset()
                 probe.step()
-            ms = {part: 1e3 * seconds / grid.num_steps for part, seconds in probe.totals.items()}
+                steps.append(dict(probe.totals))
+                bandwidths.append(_part_bandwidths(engine))
+            ms = {part: 1e3 * statistics.median(step.get(part, 0.0) for step in steps) for part in steps[0]}
+            linears_bandwidth = statistics.median(b[0] for b in bandwidths)
+            kv_bandwidth = statistics.median(b[1] for b in bandwidths)
+            print(f"batch {batch_size}: read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of "
+                  f"the KV cache {kv_bandwidth / 1e9:.1f} GB/s (medians, one read after each timed step)")
             rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / kv_bandwidth,
                                 1e3 * weight_bytes(engine.runner.model) / linears_bandwidth))
     finally:
@@ -132,12 +139,12 @@ def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> i
 
 
 def _part_bandwidths(engine: LLMEngine) -> tuple[float, float]:
-    """Bytes per second of a streaming read over the linear layers' weights, and over the KV cache."""
+    """Bytes per second of one streaming read over the linear layers' weights, and of one over the KV cache."""
     weights = weight_tensors(engine.runner.model)
     cache = engine.runner.kv_cache
     caches = [*cache.key_caches, *cache.value_caches]
-    return (sum(t.numel() * t.element_size() for t in weights) / read_seconds(weights),
-            sum(t.numel() * t.element_size() for t in caches) / read_seconds(caches))
+    return (sum(t.numel() * t.element_size() for t in weights) / read_seconds(weights, repeats=1),
+            sum(t.numel() * t.element_size() for t in caches) / read_seconds(caches, repeats=1))
 
 
 def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: bool, seed: int) -> None:
