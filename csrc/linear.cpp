@@ -160,6 +160,10 @@ at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
 constexpr int32_t kZeroPoint = 128;
 constexpr int64_t kPrefetchTiles = 1;  // how far ahead (in tiles of rows) the int8 kernel asks for weights
 constexpr int64_t kMaxK = 8192;  // input features of the int8 path (the quantized rows live on the stack)
+// Weight rows per tile. The int8 weights come packed by tiles of this many rows (radixlm.model.small_batch.Int8Rows):
+// within a tile, the first 64 bytes of each row, then the next 64 of each, and so on, so the kernel reads one
+// sequential stream; the rows after the last whole tile stay row by row. Ranges handed to threads start on a tile.
+constexpr int64_t kInt8TileRows = 8;
 
 // Quantize row `x[0..k)` as fbgemm does for the range [-1, 1] after dividing by the row's absolute maximum.
 // Returns that maximum (the row's dequantization factor). `q` gets k bytes, zero-padded to `k_pad`.
@@ -202,7 +206,8 @@ inline __m256i reduce8(const __m512i* v) {
 }
 #endif
 
-// raw[m][t] = sum_k (q[m][k] - 128) * w[t][k] for kTileN weight rows w[t] = w + t * k_pad and kRows quantized
+// raw[m][t] = sum_k (q[m][k] - 128) * w[t][k] for the kTileN weight rows of a packed tile at w (see kInt8TileRows:
+// element (t, k) at w + (k / 64) * 64 * kTileN + t * 64 + k % 64) and kRows quantized
 // rows (uint8 x int8 products summed in int32: exact, and equal to fbgemm's after its zero-point correction).
 template <int64_t kRows, int64_t kTileN>
 inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad, const int32_t* sums,
@@ -216,8 +221,8 @@ inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad,
     __m512i wv[kTileN];
     for (int64_t t = 0; t < kTileN; ++t) {
       // The next tile's rows, one line per line read: the rows are short, and without this the loads stall.
-      __builtin_prefetch(w + (kPrefetchTiles * kTileN + t) * k_pad + k, 0, 2);
-      wv[t] = _mm512_loadu_si512(w + t * k_pad + k);
+      __builtin_prefetch(w + kPrefetchTiles * kTileN * k_pad + k * kTileN + t * 64, 0, 2);
+      wv[t] = _mm512_loadu_si512(w + k * kTileN + t * 64);
     }
     for (int64_t m = 0; m < kRows; ++m) {
       const __m512i qv = _mm512_loadu_si512(q[m] + k);
@@ -240,7 +245,9 @@ inline void int8_tile(const uint8_t (*q)[kMaxK], const int8_t* w, int64_t k_pad,
   for (int64_t m = 0; m < kRows; ++m) {
     for (int64_t t = 0; t < kTileN; ++t) {
       int32_t acc = 0;
-      for (int64_t k = 0; k < k_pad; ++k) acc += static_cast<int32_t>(q[m][k]) * w[t * k_pad + k];
+      for (int64_t k = 0; k < k_pad; ++k) {
+        acc += static_cast<int32_t>(q[m][k]) * w[k / 64 * 64 * kTileN + t * 64 + k % 64];
+      }
       raw[m][t] = acc - kZeroPoint * sums[t];
     }
   }
@@ -261,7 +268,8 @@ struct Int8Problem {
 // fbgemm's dequantization order, (raw * (activation scale * weight scale)), then Int8Linear's * row max + bias,
 // each product and sum rounded on its own as PyTorch rounds them (no fused multiply-add), so the results are equal.
 template <int64_t kRows, int64_t kTileN>
-__attribute__((optimize("fp-contract=off"))) void int8_store(const Int8Problem& p, int64_t n, int64_t count, const int32_t (*raw)[kTileN]) {
+__attribute__((optimize("fp-contract=off"))) void int8_store(const Int8Problem& p, int64_t n, int64_t count,
+                                                              const int32_t (*raw)[kTileN]) {
   const float activation_scale = static_cast<float>(2.0 / 255.0);
   for (int64_t m = 0; m < kRows; ++m) {
     for (int64_t t = 0; t < count; ++t) {
@@ -346,11 +354,14 @@ at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& we
   const Int8Problem p{q, row_max, weight.data_ptr<int8_t>(), weight_scales.data_ptr<float>(),
                       weight_sums.data_ptr<int32_t>(), bias.has_value() ? bias->data_ptr<float>() : nullptr,
                       out.data_ptr<float>(), n_dim, k_pad};
-  at::parallel_for(0, n_dim, grain_rows(k_pad), [&](int64_t begin, int64_t end) {
+  const int64_t num_tiles = (n_dim + kInt8TileRows - 1) / kInt8TileRows;
+  at::parallel_for(0, num_tiles, std::max<int64_t>(1, grain_rows(k_pad) / kInt8TileRows), [&](int64_t first,
+                                                                                                int64_t last) {
+    const int64_t begin = first * kInt8TileRows, end = std::min(n_dim, last * kInt8TileRows);
     switch (m_dim) {
-      case 1: int8_range<1, 8>(p, begin, end); break;
-      case 2: int8_range<2, 8>(p, begin, end); break;
-      default: int8_range_grouped<2, 8>(p, m_dim, begin, end); break;
+      case 1: int8_range<1, kInt8TileRows>(p, begin, end); break;
+      case 2: int8_range<2, kInt8TileRows>(p, begin, end); break;
+      default: int8_range_grouped<2, kInt8TileRows>(p, m_dim, begin, end); break;
     }
   });
   return with_leading_dims(out, input);

@@ -26,6 +26,7 @@ MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decod
 # multiply-adds of one token (compute), far less than fbgemm's path above it.
 INT8_MAX_ROWS = 17
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
+INT8_TILE_ROWS = 8  # csrc/linear.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
 
 
@@ -93,15 +94,27 @@ def use_small_batch_linears(model: nn.Module) -> int:
     return len(targets)
 
 
+def pack_int8_tiles(rows: torch.Tensor) -> torch.Tensor:
+    """`[N, K_pad]` int8 rows in the order the int8 kernel streams them: tiles of `INT8_TILE_ROWS` rows, each holding
+    the first 64 bytes of its rows, then the next 64 of each, and so on (one sequential read per tile); the rows after
+    the last whole tile stay as they are."""
+    num_packed = rows.shape[0] // INT8_TILE_ROWS * INT8_TILE_ROWS
+    tiles = rows[:num_packed].view(-1, INT8_TILE_ROWS, rows.shape[1] // INT8_ROW_ALIGN, INT8_ROW_ALIGN)
+    packed = rows.clone()
+    packed[:num_packed] = tiles.transpose(1, 2).reshape(num_packed, rows.shape[1])
+    return packed
+
+
 class Int8Rows:
-    """The int8 kernel's copy of an int8 weight `[N, K]`: rows zero-padded to `INT8_ROW_ALIGN` bytes, the float32
-    scale and the int32 sum of each row (fbgemm's zero-point correction)."""
+    """The int8 kernel's copy of an int8 weight `[N, K]`: rows zero-padded to `INT8_ROW_ALIGN` bytes and packed by
+    tiles (`pack_int8_tiles`), the float32 scale and the int32 sum of each row (fbgemm's zero-point correction)."""
 
     def __init__(self, int8_weight: torch.Tensor, scales: torch.Tensor) -> None:
         out_features, in_features = int8_weight.shape
         padded = -(-in_features // INT8_ROW_ALIGN) * INT8_ROW_ALIGN
-        self.weight = torch.zeros(out_features, padded, dtype=torch.int8)
-        self.weight[:, :in_features] = int8_weight
+        rows = torch.zeros(out_features, padded, dtype=torch.int8)
+        rows[:, :in_features] = int8_weight
+        self.weight = pack_int8_tiles(rows)
         self.scales = scales.float().contiguous()
         self.sums = int8_weight.sum(dim=1, dtype=torch.int32)
 

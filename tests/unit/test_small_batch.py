@@ -11,8 +11,8 @@ from radixlm.model.small_batch import INT8_MAX_ROWS, MAX_ROWS, SmallBatchLinear,
 pytestmark = pytest.mark.skipif(extension_error() is not None,
                                 reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
 
-# (in, out): multiples of the kernels' tiles and not
-SHAPES = [(576, 960), (1536, 576), (96, 80), (70, 37), (17, 5), (2, 300)]
+# (in, out): multiples of the kernels' tiles and not; (1536, 1003) is split between threads and ends in a partial tile
+SHAPES = [(576, 960), (1536, 576), (1536, 1003), (96, 80), (70, 37), (17, 5), (2, 300)]
 
 
 @pytest.mark.parametrize(("in_features", "out_features"), SHAPES)
