@@ -26,6 +26,7 @@
 #include <cstring>
 #include <immintrin.h>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -219,8 +220,9 @@ void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch)
       merged_rows.push_back(b);
     }
   }
-  std::vector<float> partials(num_records * (p.head_dim + 2));
-  p.partials = partials.data();
+  // Not zeroed: the merge reads only records that an item wrote.
+  const std::unique_ptr<float[]> partials(new float[num_records * (p.head_dim + 2)]);
+  p.partials = partials.get();
   p.partial_offsets = partial_offsets.data();
   const int64_t num_bytes = 2 * num_positions * p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t num_threads =

@@ -127,11 +127,6 @@ class Int8Rows:
         """What `small_batch_int8_linear(x, *arguments)` takes after x."""
         return self.weight, self.scales, self.sums, bias
 
-    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x `[..., K]` float32 of at most `INT8_MAX_ROWS` rows -> `[..., N]`, as `Int8Linear`'s fbgemm path
-        computes it."""
-        return small_batch_int8_linear(x, *self.arguments(bias))
-
 
 def small_batch_int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
                             bias: torch.Tensor | None) -> torch.Tensor:
