@@ -1,4 +1,5 @@
-"""Builds radixlm._C, the C++ paged attention op; everything else about the package lives in pyproject.toml.
+"""Builds radixlm._C, the C++ kernels (paged attention, small-batch linears, KV writes); everything else about
+the package lives in pyproject.toml.
 
 Build with the venv's torch visible: `pip install --no-build-isolation --no-deps -e .` (scripts/install.sh), or
 `python setup.py build_ext --inplace` in a checkout. RADIXLM_NO_EXT=1 skips it (the torch attention path remains).
@@ -16,9 +17,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
     # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there.
     flags = ["-O3", "-march=native", "-fopenmp"]
-    ext_modules = [CppExtension("radixlm._C", ["csrc/paged_attention.cpp", "csrc/linear.cpp",
-                                                "csrc/kv_write.cpp"], extra_compile_args=flags,
-                                extra_link_args=["-fopenmp"])]
+    sources = ["csrc/paged_attention.cpp", "csrc/linear.cpp", "csrc/kv_write.cpp", "csrc/python_module.cpp"]
+    ext_modules = [CppExtension("radixlm._C", sources, extra_compile_args=flags, extra_link_args=["-fopenmp"])]
     cmdclass = {"build_ext": BuildExtension}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -11,6 +11,8 @@
 // scale 2/255 and zero point 128 (what fbgemm chooses for the range [-1, 1]), multiplied in int32 (exact), and
 // dequantized in the same float order, so a row gives bit-identical output on either path.
 
+#include "linear.h"
+
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -100,40 +102,42 @@ void gemv_range(const float* x, const float* w, const float* bias, float* out, i
   }
 }
 
-void check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight_k,
-                const c10::optional<at::Tensor>& bias, at::ScalarType weight_type, int64_t max_rows) {
+// The number of rows of x `[..., K]` after checking the arguments.
+int64_t check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight_k,
+                   const c10::optional<at::Tensor>& bias, at::ScalarType weight_type, int64_t max_rows) {
+  TORCH_CHECK(x.dim() >= 1, "x must have a feature dimension");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
-  TORCH_CHECK(x.size(0) <= max_rows, "small-batch linear takes 0 to ", max_rows, " rows, got ", x.size(0));
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == weight_type && weight.is_contiguous(),
               "weight must be contiguous [N, K] of ", weight_type);
-  TORCH_CHECK(weight_k == x.size(1), "x has ", x.size(1), " features, weight ", weight_k);
+  const int64_t k_dim = x.size(-1);
+  TORCH_CHECK(weight_k == k_dim, "x has ", k_dim, " features, weight ", weight_k);
+  const int64_t m_dim = k_dim == 0 ? 0 : x.numel() / k_dim;
+  TORCH_CHECK(m_dim <= max_rows, "small-batch linear takes 0 to ", max_rows, " rows, got ", m_dim);
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kFloat &&
                     bias->is_contiguous(),
                 "bias must be contiguous float32 [N]");
   }
+  return m_dim;
 }
 
-// Rows as `[M, K]`, contiguous, from x `[..., K]` (a view when x is contiguous).
-at::Tensor as_rows(const at::Tensor& x) {
-  TORCH_CHECK(x.dim() >= 1, "x must have a feature dimension");
-  return x.reshape({-1, x.size(-1)}).contiguous();
+// The output `[..., N]` for x `[..., K]`.
+at::Tensor empty_output(const at::Tensor& x, int64_t n_dim) {
+  c10::SmallVector<int64_t, 4> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = n_dim;
+  return at::empty(sizes, x.options());
 }
 
-// x `[..., K]` -> `[..., N]`.
-at::Tensor with_leading_dims(const at::Tensor& out, const at::Tensor& x) {
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = out.size(1);
-  return out.view(sizes);
-}
+}  // namespace
 
-at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
-                              const c10::optional<at::Tensor>& bias) {
-  const at::Tensor x = as_rows(input);
-  check_rows(x, weight, weight.dim() == 2 ? weight.size(1) : -1, bias, at::kFloat, kMaxRows);
-  const int64_t m_dim = x.size(0), n_dim = weight.size(0), k_dim = x.size(1);
-  at::Tensor out = at::empty({m_dim, n_dim}, x.options());
-  if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
+at::Tensor radixlm::small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
+                                       const c10::optional<at::Tensor>& bias) {
+  const int64_t m_dim = check_rows(input, weight, weight.dim() == 2 ? weight.size(1) : -1, bias, at::kFloat,
+                                   kMaxRows);
+  const at::Tensor x = input.contiguous();  // no copy when it already is
+  const int64_t n_dim = weight.size(0), k_dim = x.size(-1);
+  at::Tensor out = empty_output(x, n_dim);
+  if (m_dim == 0) return out;  // e.g. an LM head with no row to sample
   const float* xp = x.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -152,10 +156,12 @@ at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
       default: gemv_range<9, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
     }
   });
-  return with_leading_dims(out, input);
+  return out;
 }
 
 // ---------------------------------------------------------------- int8
+
+namespace {
 
 constexpr int32_t kZeroPoint = 128;
 constexpr int64_t kPrefetchTiles = 1;  // how far ahead (in tiles of rows) the int8 kernel asks for weights
@@ -332,22 +338,26 @@ void int8_range_grouped(const Int8Problem& p, int64_t m_dim, int64_t n_begin, in
   }
 }
 
+}  // namespace
+
 // weight [N, K_pad]: int8 rows zero-padded to K_pad, a multiple of 64 bytes (whole VNNI loads), K <= K_pad.
-at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& weight_scales,
-                                   const at::Tensor& weight_sums, const c10::optional<at::Tensor>& bias) {
-  const at::Tensor x = as_rows(input);
+at::Tensor radixlm::small_batch_int8_linear(const at::Tensor& input, const at::Tensor& weight,
+                                            const at::Tensor& weight_scales, const at::Tensor& weight_sums,
+                                            const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
   TORCH_CHECK(weight.dim() == 2, "weight must be 2-D");
-  const int64_t m_dim = x.size(0), n_dim = weight.size(0), k_dim = x.size(1), k_pad = weight.size(1);
+  const int64_t n_dim = weight.size(0), k_pad = weight.size(1), k_dim = input.size(-1);
   TORCH_CHECK(k_pad % 64 == 0 && k_dim <= k_pad && k_pad - k_dim < 64 && k_pad <= kMaxK,
               "int8 weight rows must be the input features (at most ", kMaxK,
               ") zero-padded to a multiple of 64");
-  check_rows(x, weight, k_dim, bias, at::kChar, kMaxInt8Rows);
+  const int64_t m_dim = check_rows(input, weight, k_dim, bias, at::kChar, kMaxInt8Rows);
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == n_dim &&
                   weight_scales.is_contiguous(), "weight_scales must be contiguous float32 [N]");
   TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n_dim && weight_sums.is_contiguous(),
               "weight_sums must be contiguous int32 [N]");
-  at::Tensor out = at::empty({m_dim, n_dim}, x.options());
-  if (m_dim == 0) return with_leading_dims(out, input);  // e.g. an LM head with no row to sample
+  const at::Tensor x = input.contiguous();  // no copy when it already is
+  at::Tensor out = empty_output(x, n_dim);
+  if (m_dim == 0) return out;  // e.g. an LM head with no row to sample
   alignas(64) uint8_t q[kMaxInt8Rows][kMaxK];  // 136 KiB of stack at most
   float row_max[kMaxInt8Rows];
   for (int64_t m = 0; m < m_dim; ++m) row_max[m] = quantize_row(x.data_ptr<float>() + m * k_dim, k_dim, k_pad, q[m]);
@@ -364,10 +374,8 @@ at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& we
       default: int8_range_grouped<2, kInt8TileRows>(p, m_dim, begin, end); break;
     }
   });
-  return with_leading_dims(out, input);
+  return out;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
@@ -376,6 +384,6 @@ TORCH_LIBRARY_FRAGMENT(radixlm, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
-  m.impl("small_batch_linear", &small_batch_linear);
-  m.impl("small_batch_int8_linear", &small_batch_int8_linear);
+  m.impl("small_batch_linear", &radixlm::small_batch_linear);
+  m.impl("small_batch_int8_linear", &radixlm::small_batch_int8_linear);
 }

@@ -12,7 +12,6 @@
 // attention_plan.h holds the problem and its work items, attention_softmax.h the softmax phase and the merge of
 // splits, attention_tiles.h the register-tiled score and value phases.
 
-#include <Python.h>
 #include <torch/library.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -321,9 +320,3 @@ TORCH_LIBRARY(radixlm, m) {
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
-
-// An importable module with no Python functions: importing radixlm._C runs the registrations above.
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module);
-}

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
-from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, small_batch_int8_linear
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, direct_kernel
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -62,6 +62,7 @@ class Int8Linear(nn.Module):
         # The kernel's arguments after x, gathered once: a forward makes ~120 of these calls at batch 1, where each
         # attribute lookup through nn.Module and each extra Python frame is a visible share of the call.
         self._small_batch_args = None if self._small_batch is None else self._small_batch.arguments(self.bias)
+        self._small_batch_kernel = None if self._small_batch is None else direct_kernel("small_batch_int8_linear")
         range_row = torch.zeros(1, self.in_features)
         range_row[0, 0], range_row[0, -1] = 1.0, -1.0
         self.register_buffer("range_row", range_row, persistent=False)
@@ -73,7 +74,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._small_batch_args is not None and x.numel() <= INT8_MAX_ROWS * self.in_features:
-            return small_batch_int8_linear(x, *self._small_batch_args)
+            return self._small_batch_kernel(x, *self._small_batch_args)
         rows = x.reshape(-1, self.in_features)
         # abs().amax(): the same exact values as vector_norm(ord=inf), which took 20x longer here (a slow path).
         row_max = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)

@@ -7,12 +7,18 @@ scaling of `Int8Linear`, about 2x; the C++ kernels stream each weight row once a
 of that read time for up to `MAX_ROWS` rows (`INT8_MAX_ROWS` for int8). Above that the PyTorch kernels (the
 reference) run.
 
+Eager calls go straight to the extension's Python functions (csrc/python_module.cpp), not through `torch.ops`: the
+dispatcher's argument parsing and boxing cost about 0.8 us of a ~1 us call at one row, ~0.1 ms of a batch-1 forward.
+`torch.compile` would break its graph at those calls; the registered ops (`torch.ops.radixlm.*`, with fake kernels)
+compute the same and are what a compiled model should call.
+
 The int8 kernel computes exactly what fbgemm computes for `Int8Linear` (same quantized activations, exact int32 sums,
 the same float rounding steps), so a row's output is bit-identical on either path and never depends on the batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import torch
@@ -60,6 +66,14 @@ def _register_fakes() -> bool:
     return True
 
 
+def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
+    """The extension's direct entry point `name` ("small_batch_linear" or "small_batch_int8_linear"): the same
+    arguments and result as `torch.ops.radixlm.<name>`, without the dispatcher. Needs the extension."""
+    import radixlm._C
+
+    return getattr(radixlm._C, name)
+
+
 class SmallBatchLinear(nn.Linear):
     """A float32 `nn.Linear` that runs the C++ kernel for up to `MAX_ROWS` rows and `F.linear` above."""
 
@@ -71,13 +85,14 @@ class SmallBatchLinear(nn.Linear):
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight = linear.weight
         module.bias = linear.bias
+        module._kernel = direct_kernel("small_batch_linear")
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Per call overhead matters at one row (a forward has ~200 linears): one size test, one op call.
         if x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.radixlm.small_batch_linear.default(x, self.weight, self.bias)
+        return self._kernel(x, self.weight, self.bias)
 
 
 def use_small_batch_linears(model: nn.Module) -> int:
@@ -124,11 +139,6 @@ class Int8Rows:
 
     def arguments(self, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                            torch.Tensor | None]:
-        """What `small_batch_int8_linear(x, *arguments)` takes after x."""
+        """What the int8 kernel (`direct_kernel("small_batch_int8_linear")`) takes after x."""
         return self.weight, self.scales, self.sums, bias
 
-
-def small_batch_int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
-                            bias: torch.Tensor | None) -> torch.Tensor:
-    """The int8 kernel (see `Int8Rows`); needs the extension."""
-    return torch.ops.radixlm.small_batch_int8_linear.default(x, weight, scales, sums, bias)

@@ -6,7 +6,14 @@ from torch import nn
 
 from radixlm.model.decode_kernel import extension_error
 from radixlm.model.quantize import Int8Linear
-from radixlm.model.small_batch import INT8_MAX_ROWS, MAX_ROWS, SmallBatchLinear, use_small_batch_linears
+from radixlm.model.small_batch import (
+    INT8_MAX_ROWS,
+    MAX_ROWS,
+    Int8Rows,
+    SmallBatchLinear,
+    direct_kernel,
+    use_small_batch_linears,
+)
 
 pytestmark = pytest.mark.skipif(extension_error() is not None,
                                 reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
@@ -69,22 +76,65 @@ def test_model_linears_are_replaced_and_agree():
     assert use_small_batch_linears(model) == 0  # already replaced
 
 
-def test_bad_inputs_raise():
+def entry_points(name: str) -> list:
+    return [getattr(torch.ops.radixlm, name), direct_kernel(name)]
+
+
+@pytest.mark.parametrize("entry", [0, 1], ids=["torch.ops", "direct"])
+def test_bad_inputs_raise(entry):
+    linear = entry_points("small_batch_linear")[entry]
+    int8_linear = entry_points("small_batch_int8_linear")[entry]
     weight = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match=f"0 to {MAX_ROWS} rows"):
-        torch.ops.radixlm.small_batch_linear(torch.randn(MAX_ROWS + 1, 16), weight, None)
+        linear(torch.randn(MAX_ROWS + 1, 16), weight, None)
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.radixlm.small_batch_linear(torch.randn(1, 15), weight, None)
+        linear(torch.randn(1, 15), weight, None)
     with pytest.raises(RuntimeError, match="bias"):
-        torch.ops.radixlm.small_batch_linear(torch.randn(1, 16), weight, torch.zeros(7))
+        linear(torch.randn(1, 16), weight, torch.zeros(7))
+    with pytest.raises(RuntimeError, match="feature dimension"):
+        linear(torch.tensor(1.0), weight, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        linear(torch.randn(1, 16, dtype=torch.float64), weight, None)
     int8 = torch.zeros(8, 64, dtype=torch.int8)
     scales, sums = torch.ones(8), torch.zeros(8, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="zero-padded"):
-        torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 65), int8, scales, sums, None)
+        int8_linear(torch.randn(1, 65), int8, scales, sums, None)
     with pytest.raises(RuntimeError, match=f"0 to {INT8_MAX_ROWS} rows"):
-        torch.ops.radixlm.small_batch_int8_linear(torch.randn(INT8_MAX_ROWS + 1, 64), int8, scales, sums, None)
+        int8_linear(torch.randn(INT8_MAX_ROWS + 1, 64), int8, scales, sums, None)
     with pytest.raises(RuntimeError, match="weight_sums"):
-        torch.ops.radixlm.small_batch_int8_linear(torch.randn(1, 16), int8, scales, sums[:4], None)
+        int8_linear(torch.randn(1, 16), int8, scales, sums[:4], None)
+    with pytest.raises(RuntimeError, match="feature dimension"):
+        int8_linear(torch.tensor(1.0), int8, scales, sums, None)
+
+
+def test_direct_entry_points_check_their_arguments():
+    linear, int8_linear = direct_kernel("small_batch_linear"), direct_kernel("small_batch_int8_linear")
+    with pytest.raises(TypeError, match="3 arguments"):
+        linear(torch.randn(1, 16), torch.randn(8, 16))
+    with pytest.raises(TypeError, match="must be a tensor"):
+        linear([1.0] * 16, torch.randn(8, 16), None)
+    with pytest.raises(TypeError, match="tensor or None"):
+        linear(torch.randn(1, 16), torch.randn(8, 16), 0.0)
+    with pytest.raises(TypeError, match="5 arguments"):
+        int8_linear(torch.randn(1, 16))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_direct_entry_points_equal_the_ops(bias):
+    """Same kernels, so bit-identical, for contiguous and strided inputs of any leading shape."""
+    torch.manual_seed(1)
+    weight = torch.randn(40, 96)
+    bias_tensor = torch.randn(40) if bias else None
+    rows = Int8Rows(torch.randint(-64, 65, (40, 96), dtype=torch.int8), torch.rand(40, dtype=torch.float64))
+    inputs = [torch.randn(3, 96), torch.randn(2, 2, 96), torch.randn(96, 4).t(), torch.randn(1, 0, 96)]
+    for x in inputs:
+        ops, direct = entry_points("small_batch_linear")
+        expected = ops(x, weight, bias_tensor)
+        assert torch.equal(direct(x, weight, bias_tensor), expected) and expected.shape == (*x.shape[:-1], 40)
+        ops, direct = entry_points("small_batch_int8_linear")
+        expected = ops(x, *rows.arguments(bias_tensor))
+        assert torch.equal(direct(x, *rows.arguments(bias_tensor)), expected)
+        assert expected.shape == (*x.shape[:-1], 40)
 
 
 def test_ops_are_opaque_to_torch_compile():

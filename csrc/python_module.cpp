@@ -1,0 +1,96 @@
+// The module radixlm._C. Importing it runs the dispatcher registrations of the other files (torch.ops.radixlm.*,
+// which torch.compile and the reference tests use); its own functions call the small-batch linear kernels directly.
+//
+// Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each, and a
+// call through torch.ops parses its arguments against the schema and boxes them, about 2 microseconds, a tenth of the
+// call. These functions unpack their tensors and call the kernel, releasing the GIL around it as torch.ops does.
+
+#include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <array>
+#include <exception>
+#include <utility>
+
+#include "linear.h"
+
+namespace {
+
+// args[i] as a tensor (`optional`: None is allowed, giving an empty optional). False with a TypeError set otherwise.
+bool tensor_arg(PyObject* const* args, Py_ssize_t i, bool optional, c10::optional<at::Tensor>* out) {
+  if (optional && args[i] == Py_None) {
+    *out = c10::nullopt;
+    return true;
+  }
+  if (!THPVariable_Check(args[i])) {
+    PyErr_Format(PyExc_TypeError, "argument %zd must be a tensor%s", i, optional ? " or None" : "");
+    return false;
+  }
+  *out = THPVariable_Unpack(args[i]);
+  return true;
+}
+
+// Unpacks `nargs` tensor arguments (the last one optional) and returns kernel(tensors...) as a Python tensor, or
+// null with the error set: a failed check in the kernel is a RuntimeError, as through torch.ops.
+template <size_t kArgs, typename Kernel>
+PyObject* call_kernel(const char* name, PyObject* const* args, Py_ssize_t nargs, Kernel kernel) {
+  if (nargs != static_cast<Py_ssize_t>(kArgs)) {
+    PyErr_Format(PyExc_TypeError, "%s takes %zu arguments, got %zd", name, kArgs, nargs);
+    return nullptr;
+  }
+  std::array<c10::optional<at::Tensor>, kArgs> tensors;
+  for (size_t i = 0; i < kArgs; ++i) {
+    if (!tensor_arg(args, static_cast<Py_ssize_t>(i), i + 1 == kArgs, &tensors[i])) return nullptr;
+  }
+  at::Tensor out;
+  std::exception_ptr error;
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    out = kernel(tensors);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  PyEval_RestoreThread(state);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (...) {
+      PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+    }
+    return nullptr;
+  }
+  return THPVariable_Wrap(std::move(out));
+}
+
+PyObject* small_batch_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3>("small_batch_linear", args, nargs, [](const auto& t) {
+    return radixlm::small_batch_linear(*t[0], *t[1], t[2]);
+  });
+}
+
+PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<5>("small_batch_int8_linear", args, nargs, [](const auto& t) {
+    return radixlm::small_batch_int8_linear(*t[0], *t[1], *t[2], *t[3], t[4]);
+  });
+}
+
+PyMethodDef methods[] = {
+    {"small_batch_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_linear)),
+     METH_FASTCALL, "small_batch_linear(x, weight, bias): torch.ops.radixlm.small_batch_linear without the dispatcher"},
+    {"small_batch_int8_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_int8_linear)),
+     METH_FASTCALL,
+     "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
+     "without the dispatcher"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
+  return PyModule_Create(&module);
+}
