@@ -102,9 +102,18 @@ void gemv_range(const float* x, const float* w, const float* bias, float* out, i
   }
 }
 
+// The kernels read raw CPU memory, and radixlm._C's direct entry points reach them without the dispatcher's
+// device dispatch: a tensor on another device, or a fake one, must be an error here, never a read.
+void check_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage(), name,
+              " must be a dense CPU tensor, got one on ", t.device());
+}
+
 // The number of rows of x `[..., K]` after checking the arguments.
 int64_t check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight_k,
                    const c10::optional<at::Tensor>& bias, at::ScalarType weight_type, int64_t max_rows) {
+  check_cpu(x, "x");
+  check_cpu(weight, "weight");
   TORCH_CHECK(x.dim() >= 1, "x must have a feature dimension");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "x must be float32");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == weight_type && weight.is_contiguous(),
@@ -114,6 +123,7 @@ int64_t check_rows(const at::Tensor& x, const at::Tensor& weight, int64_t weight
   const int64_t m_dim = k_dim == 0 ? 0 : x.numel() / k_dim;
   TORCH_CHECK(m_dim <= max_rows, "small-batch linear takes 0 to ", max_rows, " rows, got ", m_dim);
   if (bias.has_value()) {
+    check_cpu(*bias, "bias");
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->scalar_type() == at::kFloat &&
                     bias->is_contiguous(),
                 "bias must be contiguous float32 [N]");
@@ -351,6 +361,8 @@ at::Tensor radixlm::small_batch_int8_linear(const at::Tensor& input, const at::T
               "int8 weight rows must be the input features (at most ", kMaxK,
               ") zero-padded to a multiple of 64");
   const int64_t m_dim = check_rows(input, weight, k_dim, bias, at::kChar, kMaxInt8Rows);
+  check_cpu(weight_scales, "weight_scales");
+  check_cpu(weight_sums, "weight_sums");
   TORCH_CHECK(weight_scales.scalar_type() == at::kFloat && weight_scales.numel() == n_dim &&
                   weight_scales.is_contiguous(), "weight_scales must be contiguous float32 [N]");
   TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n_dim && weight_sums.is_contiguous(),

@@ -119,6 +119,27 @@ def test_direct_entry_points_check_their_arguments():
         int8_linear(torch.randn(1, 16))
 
 
+def test_direct_entry_points_refuse_tensors_off_the_cpu():
+    """They skip the dispatcher's device dispatch (through torch.ops a meta tensor reaches the fake kernel), so the
+    kernels check devices themselves: a tensor with no CPU data must raise, never be read."""
+    linear, int8_linear = direct_kernel("small_batch_linear"), direct_kernel("small_batch_int8_linear")
+    with pytest.raises(RuntimeError, match="x must be a dense CPU tensor"):
+        linear(torch.randn(1, 16, device="meta"), torch.randn(8, 16), None)
+    with pytest.raises(RuntimeError, match="weight must be a dense CPU tensor"):
+        linear(torch.randn(1, 16), torch.randn(8, 16, device="meta"), None)
+    with pytest.raises(RuntimeError, match="bias must be a dense CPU tensor"):
+        linear(torch.randn(1, 16), torch.randn(8, 16), torch.zeros(8, device="meta"))
+    int8, scales, sums = torch.zeros(8, 64, dtype=torch.int8), torch.ones(8), torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="x must be a dense CPU tensor"):
+        int8_linear(torch.randn(1, 64, device="meta"), int8, scales, sums, None)
+    with pytest.raises(RuntimeError, match="weight_scales must be a dense CPU tensor"):
+        int8_linear(torch.randn(1, 64), int8, scales.to("meta"), sums, None)
+    with pytest.raises(RuntimeError, match="weight_sums must be a dense CPU tensor"):
+        int8_linear(torch.randn(1, 64), int8, scales, sums.to("meta"), None)
+    with pytest.raises(RuntimeError, match="dense CPU tensor"):
+        linear(torch.randn(1, 16).to_sparse(), torch.randn(8, 16), None)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_direct_entry_points_equal_the_ops(bias):
     """Same kernels, so bit-identical, for contiguous and strided inputs of any leading shape."""
