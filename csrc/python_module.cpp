@@ -1,9 +1,11 @@
 // The module radixlm._C. Importing it runs the dispatcher registrations of the other files (torch.ops.radixlm.*,
-// which torch.compile and the reference tests use); its own functions call the small-batch linear kernels directly.
+// which torch.compile and the reference tests use); its own functions call the small-batch linear kernels and the
+// RMSNorm directly.
 //
-// Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each, and a
-// call through torch.ops parses its arguments against the schema and boxes them, about 2 microseconds, a tenth of the
-// call. These functions unpack their tensors and call the kernel, releasing the GIL around it as torch.ops does.
+// Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each and 61
+// norms of a few, and a call through torch.ops parses its arguments against the schema and boxes them, about 1-2
+// microseconds. These functions unpack their arguments and call the kernel, releasing the GIL around it as torch.ops
+// does.
 
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -13,6 +15,7 @@
 #include <utility>
 
 #include "linear.h"
+#include "rms_norm.h"
 
 namespace {
 
@@ -30,23 +33,15 @@ bool tensor_arg(PyObject* const* args, Py_ssize_t i, bool optional, c10::optiona
   return true;
 }
 
-// Unpacks `nargs` tensor arguments (the last one optional) and returns kernel(tensors...) as a Python tensor, or
-// null with the error set: a failed check in the kernel is a RuntimeError, as through torch.ops.
-template <size_t kArgs, typename Kernel>
-PyObject* call_kernel(const char* name, PyObject* const* args, Py_ssize_t nargs, Kernel kernel) {
-  if (nargs != static_cast<Py_ssize_t>(kArgs)) {
-    PyErr_Format(PyExc_TypeError, "%s takes %zu arguments, got %zd", name, kArgs, nargs);
-    return nullptr;
-  }
-  std::array<c10::optional<at::Tensor>, kArgs> tensors;
-  for (size_t i = 0; i < kArgs; ++i) {
-    if (!tensor_arg(args, static_cast<Py_ssize_t>(i), i + 1 == kArgs, &tensors[i])) return nullptr;
-  }
+// kernel() as a Python tensor, run without the GIL, or null with the error set: a failed check in the kernel is a
+// RuntimeError, as through torch.ops.
+template <typename Kernel>
+PyObject* run_kernel(Kernel kernel) {
   at::Tensor out;
   std::exception_ptr error;
   PyThreadState* state = PyEval_SaveThread();
   try {
-    out = kernel(tensors);
+    out = kernel();
   } catch (...) {
     error = std::current_exception();
   }
@@ -66,6 +61,23 @@ PyObject* call_kernel(const char* name, PyObject* const* args, Py_ssize_t nargs,
   return THPVariable_Wrap(std::move(out));
 }
 
+bool check_count(const char* name, Py_ssize_t expected, Py_ssize_t nargs) {
+  if (nargs == expected) return true;
+  PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", name, expected, nargs);
+  return false;
+}
+
+// Unpacks `kArgs` tensor arguments (the last one optional) and returns kernel(tensors) (see run_kernel).
+template <size_t kArgs, typename Kernel>
+PyObject* call_kernel(const char* name, PyObject* const* args, Py_ssize_t nargs, Kernel kernel) {
+  if (!check_count(name, static_cast<Py_ssize_t>(kArgs), nargs)) return nullptr;
+  std::array<c10::optional<at::Tensor>, kArgs> tensors;
+  for (size_t i = 0; i < kArgs; ++i) {
+    if (!tensor_arg(args, static_cast<Py_ssize_t>(i), i + 1 == kArgs, &tensors[i])) return nullptr;
+  }
+  return run_kernel([&] { return kernel(tensors); });
+}
+
 PyObject* small_batch_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<3>("small_batch_linear", args, nargs, [](const auto& t) {
     return radixlm::small_batch_linear(*t[0], *t[1], t[2]);
@@ -78,6 +90,15 @@ PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t n
   });
 }
 
+PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_count("rms_norm", 3, nargs)) return nullptr;
+  c10::optional<at::Tensor> x, weight;
+  if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &weight)) return nullptr;
+  const double eps = PyFloat_AsDouble(args[2]);
+  if (eps == -1.0 && PyErr_Occurred()) return nullptr;
+  return run_kernel([&] { return radixlm::rms_norm(*x, *weight, eps); });
+}
+
 PyMethodDef methods[] = {
     {"small_batch_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_linear)),
      METH_FASTCALL, "small_batch_linear(x, weight, bias): torch.ops.radixlm.small_batch_linear without the dispatcher"},
@@ -85,6 +106,8 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
+    {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm)), METH_FASTCALL,
+     "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -27,6 +27,7 @@ def extension_error() -> str | None:
         return str(error)
     torch.library.register_fake("radixlm::paged_decode_attention")(_fake_decode_attention)
     torch.library.register_fake("radixlm::write_kv")(_fake_write_kv)
+    torch.library.register_fake("radixlm::rms_norm")(_fake_rms_norm)
     return None
 
 
@@ -36,6 +37,10 @@ def _fake_decode_attention(query: torch.Tensor, *args: object) -> torch.Tensor:
 
 def _fake_write_kv(*args: object) -> None:
     return None
+
+
+def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,

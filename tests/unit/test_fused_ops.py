@@ -4,21 +4,27 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from radixlm.model.decode_kernel import extension_error
 from radixlm.model.fused_ops import FusedGatedMLP, FusedRMSNorm, fuse_small_ops
+
+needs_extension = pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
 
 # arch -> modules replaced in a 2-layer model: 2 norms + MLP + attention per layer, the final norm
 EXPECTED = {"llama": 2 * 4 + 1, "mistral": 2 * 4 + 1, "qwen2": 2 * 4 + 1, "qwen3": 2 * 5 + 1, "gemma2": 0}
 
 
+@pytest.mark.parametrize("cpp_norms", [False, pytest.param(True, marks=needs_extension)])
 @pytest.mark.parametrize("arch", EXPECTED)
-def test_fused_model_matches_transformers(arch, tiny_model_dir):
+def test_fused_model_matches_transformers(arch, cpp_norms, tiny_model_dir):
     model_dir = tiny_model_dir(arch)
     implementation = "eager" if arch == "gemma2" else "sdpa"  # the fused forward looks up registered functions
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=implementation)
     fused = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=implementation)
-    assert fuse_small_ops(fused) == EXPECTED[arch]  # qwen3's q/k norms are fused too; its attention is not
+    # qwen3's q/k norms are fused too; its attention is not
+    assert fuse_small_ops(fused, cpp_norms=cpp_norms) == EXPECTED[arch]
     if EXPECTED[arch]:
         assert isinstance(fused.model.norm, FusedRMSNorm)
+        assert (fused.model.norm._kernel is not None) == cpp_norms
         assert isinstance(fused.model.layers[0].mlp, FusedGatedMLP)
     input_ids = torch.randint(3, 300, (1, 37), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -26,3 +32,56 @@ def test_fused_model_matches_transformers(arch, tiny_model_dir):
         actual = fused(input_ids, use_cache=False).logits
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+
+
+@needs_extension
+@pytest.mark.parametrize("features", [576, 64, 17, 1, 4096])
+def test_cpp_norm_is_bit_identical_to_transformers(features):
+    """Every output bit of radixlm._C's RMSNorm equals transformers' float32 module, for 1 to 2,048 rows, small and
+    large magnitudes, 2-D and head-shaped 4-D inputs (Qwen3's q/k norms), and a non-contiguous input."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(features)
+    reference = LlamaRMSNorm(features, eps=1e-6)
+    with torch.no_grad():
+        reference.weight.copy_(torch.randn(features))
+    norm = fuse_small_ops_of(reference)
+    assert norm._kernel is not None
+    inputs = [torch.randn(rows, features) * scale for rows in (1, 3, 64, 2048) for scale in (1e-3, 1.0, 40.0)]
+    inputs += [torch.randn(1, 5, 3, features), torch.randn(features, 4).t(), torch.zeros(2, features),
+               torch.randn(0, features)]
+    with torch.inference_mode():
+        for x in inputs:
+            expected = reference(x)
+            actual = norm(x)
+            assert actual.shape == expected.shape and torch.equal(actual, expected)
+
+
+def fuse_small_ops_of(norm: torch.nn.Module) -> FusedRMSNorm:
+    """`norm` replaced by its fused version, with the C++ kernel."""
+    holder = torch.nn.Sequential(norm)
+    assert fuse_small_ops(holder, cpp_norms=True) == 1
+    return holder[0]
+
+
+@needs_extension
+def test_cpp_norm_refuses_bad_arguments():
+    import radixlm._C
+
+    weight = torch.randn(16)
+    with pytest.raises(RuntimeError, match="weight must be contiguous"):
+        radixlm._C.rms_norm(torch.randn(2, 15), weight, 1e-6)
+    with pytest.raises(RuntimeError, match="float32"):
+        radixlm._C.rms_norm(torch.randn(2, 16, dtype=torch.float64), weight, 1e-6)
+    with pytest.raises(RuntimeError, match="dense CPU tensor"):
+        radixlm._C.rms_norm(torch.randn(2, 16, device="meta"), weight, 1e-6)
+    with pytest.raises(TypeError):
+        radixlm._C.rms_norm(torch.randn(2, 16), weight, "eps")
+    with pytest.raises(TypeError, match="3 arguments"):
+        radixlm._C.rms_norm(torch.randn(2, 16), weight)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = fuse_small_ops_of(LlamaRMSNorm(16))
+    x = torch.randn(2, 16, requires_grad=True)  # autograd on: the module takes F.rms_norm, which has a backward
+    norm(x).sum().backward()
+    assert x.grad is not None
