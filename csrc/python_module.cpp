@@ -1,6 +1,6 @@
 // The module radixlm._C. Importing it runs the dispatcher registrations of the other files (torch.ops.radixlm.*,
-// which torch.compile and the reference tests use); its own functions call the small-batch linear kernels and the
-// RMSNorm directly.
+// which torch.compile and the reference tests use); its own functions call the small-batch linear kernels, the
+// RMSNorm and the rotary embedding directly.
 //
 // Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each and 61
 // norms of a few, and a call through torch.ops parses its arguments against the schema and boxes them, about 1-2
@@ -16,6 +16,7 @@
 
 #include "linear.h"
 #include "rms_norm.h"
+#include "rotary.h"
 
 namespace {
 
@@ -67,25 +68,27 @@ bool check_count(const char* name, Py_ssize_t expected, Py_ssize_t nargs) {
   return false;
 }
 
-// Unpacks `kArgs` tensor arguments (the last one optional) and returns kernel(tensors) (see run_kernel).
-template <size_t kArgs, typename Kernel>
+// Unpacks `kArgs` tensor arguments (the last one may be None when kLastOptional) and returns kernel(tensors) (see
+// run_kernel).
+template <size_t kArgs, bool kLastOptional, typename Kernel>
 PyObject* call_kernel(const char* name, PyObject* const* args, Py_ssize_t nargs, Kernel kernel) {
   if (!check_count(name, static_cast<Py_ssize_t>(kArgs), nargs)) return nullptr;
   std::array<c10::optional<at::Tensor>, kArgs> tensors;
   for (size_t i = 0; i < kArgs; ++i) {
-    if (!tensor_arg(args, static_cast<Py_ssize_t>(i), i + 1 == kArgs, &tensors[i])) return nullptr;
+    const bool optional = kLastOptional && i + 1 == kArgs;
+    if (!tensor_arg(args, static_cast<Py_ssize_t>(i), optional, &tensors[i])) return nullptr;
   }
   return run_kernel([&] { return kernel(tensors); });
 }
 
 PyObject* small_batch_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return call_kernel<3>("small_batch_linear", args, nargs, [](const auto& t) {
+  return call_kernel<3, true>("small_batch_linear", args, nargs, [](const auto& t) {
     return radixlm::small_batch_linear(*t[0], *t[1], t[2]);
   });
 }
 
 PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  return call_kernel<5>("small_batch_int8_linear", args, nargs, [](const auto& t) {
+  return call_kernel<5, true>("small_batch_int8_linear", args, nargs, [](const auto& t) {
     return radixlm::small_batch_int8_linear(*t[0], *t[1], *t[2], *t[3], t[4]);
   });
 }
@@ -99,6 +102,11 @@ PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run_kernel([&] { return radixlm::rms_norm(*x, *weight, eps); });
 }
 
+PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, false>("rotary", args, nargs,
+                               [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
+}
+
 PyMethodDef methods[] = {
     {"small_batch_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_linear)),
      METH_FASTCALL, "small_batch_linear(x, weight, bias): torch.ops.radixlm.small_batch_linear without the dispatcher"},
@@ -108,6 +116,8 @@ PyMethodDef methods[] = {
      "without the dispatcher"},
     {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm)), METH_FASTCALL,
      "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
+    {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,
+     "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -28,6 +28,7 @@ def extension_error() -> str | None:
     torch.library.register_fake("radixlm::paged_decode_attention")(_fake_decode_attention)
     torch.library.register_fake("radixlm::write_kv")(_fake_write_kv)
     torch.library.register_fake("radixlm::rms_norm")(_fake_rms_norm)
+    torch.library.register_fake("radixlm::rotary")(_fake_rotary)
     return None
 
 
@@ -41,6 +42,11 @@ def _fake_write_kv(*args: object) -> None:
 
 def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:
+    batch, heads, tokens, head_dim = query_key.shape
+    return query_key.new_empty(batch, tokens, heads, head_dim).permute(0, 2, 1, 3)
 
 
 def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,

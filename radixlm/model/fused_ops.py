@@ -3,11 +3,12 @@
 A decode step at batch 1 runs about fifty small ops per layer, each paying framework overhead. Applied at load time
 (before any quantization), this replaces, for the module classes it knows:
 
-- RMSNorm: one call instead of seven ops, bitwise equal in float32: radixlm._C's `rms_norm` (with `cpp_norms`,
+- RMSNorm: one call instead of seven ops, bitwise equal in float32: radixlm._C's `rms_norm` (with `cpp_kernels`,
   about 1.8 us a call at one row) or `F.rms_norm` (about 7 us: PyTorch runs it as ten small ops);
 - MLP: gate and up projections as one matmul (one weight `[2I, H]`), `silu(gate) * up`, down projection;
-- attention (Llama, Mistral, Qwen2): q, k and v as one matmul, and rotary embedding applied to q and k together
-  with a roll instead of slicing, negating and concatenating (the same products and sums as transformers').
+- attention (Llama, Mistral, Qwen2): q, k and v as one matmul, and rotary embedding applied to q and k together,
+  in one call of radixlm._C's `rotary` (with `cpp_kernels`) or with a roll instead of slicing, negating and
+  concatenating (either way the same products and sums as transformers').
 
 Other classes keep transformers' code. Attention still goes through the function registered with transformers.
 Under tensor parallelism the fused projections hold this rank's shards (whole heads, whole MLP columns): the norms
@@ -53,15 +54,16 @@ class FusedRMSNorm(nn.Module):
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
-def _norm_kernel(weight: torch.Tensor) -> Callable[..., torch.Tensor] | None:
-    """radixlm._C's RMSNorm for a float32 CPU weight (not a tensor-parallel DTensor), or None."""
+def _cpp_kernel(name: str, weight: torch.Tensor) -> Callable[..., torch.Tensor] | None:
+    """radixlm._C's function `name` (a direct entry point) for a module whose weight is `weight`, when that is a
+    float32 CPU tensor (not a tensor-parallel DTensor) and the extension is built; else None."""
     if isinstance(weight, DTensor) or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return None
     if extension_error() is not None:
         return None
     import radixlm._C
 
-    return radixlm._C.rms_norm
+    return getattr(radixlm._C, name)
 
 
 class FusedGatedMLP(nn.Module):
@@ -109,11 +111,14 @@ def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     head_dim, num_heads, num_kv_heads = self.head_dim, self.num_heads, self.num_kv_heads
     qkv = self.qkv_proj(hidden_states).view(*lead, -1, head_dim).transpose(-3, -2)  # [B, Hq + 2 Hkv, T, D]
     query_key = qkv[:, :num_heads + num_kv_heads]
-    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
-    half = head_dim // 2
-    rotated = query_key.roll(half, dims=-1) * sin  # rotate_half(x) * sin, but with the first half not yet negated
-    rotated[..., :half].neg_()
-    query_key = query_key * cos + rotated
+    if self.rotary_kernel is not None and query_key.dtype == torch.float32 and not torch.is_grad_enabled():
+        query_key = self.rotary_kernel(query_key, *position_embeddings)
+    else:
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        half = head_dim // 2
+        rotated = query_key.roll(half, dims=-1) * sin  # rotate_half(x) * sin, but with the first half not negated
+        rotated[..., :half].neg_()
+        query_key = query_key * cos + rotated
     attention = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
     output, _ = attention(self, query_key[:, :num_heads], query_key[:, num_heads:], qkv[:, num_heads + num_kv_heads:],
                           attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.fused_window,
@@ -121,8 +126,9 @@ def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     return self.o_proj(output.reshape(*lead, -1)), None
 
 
-def _fuse_attention(module: nn.Module, sliding_window: int | None) -> None:
+def _fuse_attention(module: nn.Module, sliding_window: int | None, cpp_kernels: bool) -> None:
     module.qkv_proj = _concat_linears(module.q_proj, module.k_proj, module.v_proj)
+    module.rotary_kernel = _cpp_kernel("rotary", module.qkv_proj.weight) if cpp_kernels else None
     module.num_heads = _local(module.q_proj.weight).shape[0] // module.head_dim  # this rank's heads
     module.num_kv_heads = _local(module.k_proj.weight).shape[0] // module.head_dim
     module.fused_window = sliding_window
@@ -130,21 +136,21 @@ def _fuse_attention(module: nn.Module, sliding_window: int | None) -> None:
     module.forward = types.MethodType(_fused_attention_forward, module)
 
 
-def fuse_small_ops(model: nn.Module, cpp_norms: bool = False) -> int:
+def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
     """Replace the norms, MLPs and attention blocks `model` has fused versions of, in place; returns how many.
-    `cpp_norms`: float32 CPU norms run radixlm._C's RMSNorm (when it is built)."""
+    `cpp_kernels`: float32 CPU norms and rotary embeddings run radixlm._C's kernels (when it is built)."""
     replaced = 0
     for name, module in list(model.named_modules()):
         kind = type(module).__name__
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if kind in NORM_CLASSES:
-            kernel = _norm_kernel(module.weight) if cpp_norms else None
+            kernel = _cpp_kernel("rms_norm", module.weight) if cpp_kernels else None
             setattr(parent, child, FusedRMSNorm(module.weight, module.variance_epsilon, kernel))
         elif kind in MLP_CLASSES and getattr(getattr(module, "config", None), "hidden_act", None) == "silu":
             setattr(parent, child, FusedGatedMLP(module.gate_proj, module.up_proj, module.down_proj))
         elif kind in ATTENTION_CLASSES and module.head_dim % 2 == 0:
-            _fuse_attention(module, ATTENTION_CLASSES[kind](module))
+            _fuse_attention(module, ATTENTION_CLASSES[kind](module), cpp_kernels)
         else:
             continue
         replaced += 1

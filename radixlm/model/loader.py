@@ -111,8 +111,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
     (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
     refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows (17 for
-    int8) and the fused RMSNorms through radixlm._C (`radixlm.model.small_batch`, `fused_ops`); None: when the
-    extension is built; False: PyTorch's kernels only.
+    int8), the fused RMSNorms and rotary embeddings through radixlm._C (`radixlm.model.small_batch`,
+    `fused_ops`); None: when the extension is built; False: PyTorch's kernels only.
     The weights are placed on `device` before any module is replaced. `tensor_parallel_size` > 1: this rank's
     shard, by transformers' tensor-parallel plan of the architecture (the process group must be joined first, see
     `radixlm.distributed`; transformers places the shard on this rank's device); the C++ linears are not
@@ -139,7 +139,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
         model.to(device)
     if small_batch_kernels is None:
         small_batch_kernels = kernels_available()
-    num_fused = fuse_small_ops(model, cpp_norms=small_batch_kernels)
+    num_fused = fuse_small_ops(model, cpp_kernels=small_batch_kernels)
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
     if quantization is not None:
         num_linears = quantize_model(model, quantization,

@@ -13,18 +13,20 @@ needs_extension = pytest.mark.skipif(extension_error() is not None, reason="radi
 EXPECTED = {"llama": 2 * 4 + 1, "mistral": 2 * 4 + 1, "qwen2": 2 * 4 + 1, "qwen3": 2 * 5 + 1, "gemma2": 0}
 
 
-@pytest.mark.parametrize("cpp_norms", [False, pytest.param(True, marks=needs_extension)])
+@pytest.mark.parametrize("cpp_kernels", [False, pytest.param(True, marks=needs_extension)])
 @pytest.mark.parametrize("arch", EXPECTED)
-def test_fused_model_matches_transformers(arch, cpp_norms, tiny_model_dir):
+def test_fused_model_matches_transformers(arch, cpp_kernels, tiny_model_dir):
     model_dir = tiny_model_dir(arch)
     implementation = "eager" if arch == "gemma2" else "sdpa"  # the fused forward looks up registered functions
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=implementation)
     fused = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=implementation)
     # qwen3's q/k norms are fused too; its attention is not
-    assert fuse_small_ops(fused, cpp_norms=cpp_norms) == EXPECTED[arch]
+    assert fuse_small_ops(fused, cpp_kernels=cpp_kernels) == EXPECTED[arch]
     if EXPECTED[arch]:
         assert isinstance(fused.model.norm, FusedRMSNorm)
-        assert (fused.model.norm._kernel is not None) == cpp_norms
+        assert (fused.model.norm._kernel is not None) == cpp_kernels
+        if arch != "qwen3":
+            assert (fused.model.layers[0].self_attn.rotary_kernel is not None) == cpp_kernels
         assert isinstance(fused.model.layers[0].mlp, FusedGatedMLP)
     input_ids = torch.randint(3, 300, (1, 37), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -60,7 +62,7 @@ def test_cpp_norm_is_bit_identical_to_transformers(features):
 def fuse_small_ops_of(norm: torch.nn.Module) -> FusedRMSNorm:
     """`norm` replaced by its fused version, with the C++ kernel."""
     holder = torch.nn.Sequential(norm)
-    assert fuse_small_ops(holder, cpp_norms=True) == 1
+    assert fuse_small_ops(holder, cpp_kernels=True) == 1
     return holder[0]
 
 
@@ -85,3 +87,44 @@ def test_cpp_norm_refuses_bad_arguments():
     x = torch.randn(2, 16, requires_grad=True)  # autograd on: the module takes F.rms_norm, which has a backward
     norm(x).sum().backward()
     assert x.grad is not None
+
+
+@needs_extension
+@pytest.mark.parametrize("head_dim", [64, 8, 2])
+def test_cpp_rotary_is_bit_identical_to_transformers(head_dim):
+    """radixlm._C's rotary embedding equals transformers' `apply_rotary_pos_emb` bit for bit, on the strided
+    [B, H, T, D] view of a fused q/k/v projection, at one token and at a prefill's 300."""
+    import radixlm._C
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(head_dim)
+    for tokens in (1, 7, 300):
+        for heads, total in ((9 + 3, 9 + 6), (2 + 1, 2 + 2)):
+            qkv = (torch.randn(1, tokens, total * head_dim) * 3).view(1, tokens, total, head_dim).transpose(1, 2)
+            query_key = qkv[:, :heads]
+            angles = torch.randn(1, tokens, head_dim // 2) * 50
+            angles = torch.cat((angles, angles), dim=-1)
+            cos, sin = angles.cos(), angles.sin()
+            expected, _ = apply_rotary_pos_emb(query_key, query_key, cos, sin)
+            actual = radixlm._C.rotary(query_key, cos, sin)
+            assert actual.shape == expected.shape and torch.equal(actual, expected)
+            assert torch.equal(torch.ops.radixlm.rotary(query_key, cos, sin), expected)
+
+
+@needs_extension
+def test_cpp_rotary_refuses_bad_arguments():
+    import radixlm._C
+
+    query_key, cos = torch.randn(1, 3, 4, 8), torch.randn(1, 4, 8)
+    with pytest.raises(RuntimeError, match="cos and sin"):
+        radixlm._C.rotary(query_key, cos, torch.randn(1, 5, 8))
+    with pytest.raises(RuntimeError, match="even"):
+        radixlm._C.rotary(torch.randn(1, 3, 4, 7), torch.randn(1, 4, 7), torch.randn(1, 4, 7))
+    with pytest.raises(RuntimeError, match="D contiguous"):
+        radixlm._C.rotary(torch.randn(1, 3, 8, 4).transpose(2, 3), cos, cos)
+    with pytest.raises(RuntimeError, match="dense CPU tensor"):
+        radixlm._C.rotary(query_key.to("meta"), cos, cos)
+    with pytest.raises(RuntimeError, match="float32"):
+        radixlm._C.rotary(query_key.double(), cos, cos)
+    with pytest.raises(TypeError, match="must be a tensor"):
+        radixlm._C.rotary(query_key, cos, None)
