@@ -67,10 +67,10 @@ at::Tensor radixlm::rms_norm(const at::Tensor& input, const at::Tensor& weight, 
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   at::Tensor out = at::empty_like(x);
   if (x.numel() == 0) return out;
-  at::Tensor squares = at::empty_like(x);
-  square(x.data_ptr<float>(), squares.data_ptr<float>(), x.numel());
+  // The squares go into `out`, which the last step overwrites (one allocation less per call).
+  square(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
   // `mean` is this sum divided by n (PyTorch sums in float32 and then divides): the same call, the same order.
-  const at::Tensor sums = at::sum(squares, {-1}, /*keepdim=*/false).contiguous();
+  const at::Tensor sums = at::sum(out, {-1}, /*keepdim=*/false).contiguous();
   normalize(x.data_ptr<float>(), sums.data_ptr<float>(), weight.data_ptr<float>(), static_cast<float>(eps), rows, n,
             out.data_ptr<float>());
   return out;

@@ -75,8 +75,9 @@ class FusedGatedMLP(nn.Module):
         self.down_proj = down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
+        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
