@@ -1,5 +1,5 @@
-// The small-batch linear kernels of linear.cpp, for the dispatcher registrations there and the direct Python entry
-// points of python_module.cpp.
+// The small-batch linear kernels of linear.cpp and linear_int8.cpp, for their dispatcher registrations and the direct
+// Python entry points of python_module.cpp.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -14,18 +14,15 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include "kernel_checks.h"
 
 namespace {
 
 constexpr int64_t kGrainElements = 1 << 16;  // elements per parallel task: a decode's few rows stay on one thread
-
-void check_dense_cpu(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage(), name,
-              " must be a dense CPU tensor, got one on ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
-}
 
 // squares = x * x, as `x.pow(2)` computes it.
 __attribute__((optimize("fp-contract=off"))) void square(const float* x, float* squares, int64_t count) {
@@ -54,8 +51,8 @@ __attribute__((optimize("fp-contract=off"))) void normalize(const float* x, cons
 }  // namespace
 
 at::Tensor radixlm::rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
-  check_dense_cpu(input, "x");
-  check_dense_cpu(weight, "weight");
+  radixlm::check_dense_float_cpu(input, "x");
+  radixlm::check_dense_float_cpu(weight, "weight");
   TORCH_CHECK(input.dim() >= 1 && weight.dim() == 1 && weight.size(0) == input.size(-1) && weight.is_contiguous(),
               "weight must be contiguous [N] for x [..., N], got ", weight.sizes(), " and ", input.sizes());
   const int64_t n = input.size(-1);

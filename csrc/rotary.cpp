@@ -13,15 +13,11 @@
 
 #include <cstdint>
 
+#include "kernel_checks.h"
+
 namespace {
 
 constexpr int64_t kGrainRows = 256;  // (token, head) rows per parallel task: a decode's few rows stay on one thread
-
-void check_float_cpu(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage(), name,
-              " must be a dense CPU tensor, got one on ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
-}
 
 // One (token, head) row: out[i] = q[i] * cos[i] + r[i] * sin[i] with r = (-q[half:], q[:half]).
 __attribute__((optimize("fp-contract=off"))) void rotate_row(const float* q, const float* cos, const float* sin,
@@ -34,9 +30,9 @@ __attribute__((optimize("fp-contract=off"))) void rotate_row(const float* q, con
 }  // namespace
 
 at::Tensor radixlm::rotary(const at::Tensor& query_key, const at::Tensor& cos, const at::Tensor& sin) {
-  check_float_cpu(query_key, "query_key");
-  check_float_cpu(cos, "cos");
-  check_float_cpu(sin, "sin");
+  radixlm::check_dense_float_cpu(query_key, "query_key");
+  radixlm::check_dense_float_cpu(cos, "cos");
+  radixlm::check_dense_float_cpu(sin, "sin");
   TORCH_CHECK(query_key.dim() == 4 && query_key.stride(3) == 1, "query_key must be [B, H, T, D] with D contiguous");
   const int64_t batch = query_key.size(0), heads = query_key.size(1), tokens = query_key.size(2),
                 d = query_key.size(3);

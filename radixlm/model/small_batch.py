@@ -1,4 +1,4 @@
-"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear.cpp).
+"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear.cpp, csrc/linear_int8.cpp).
 
 At batch 1 (a decode step of one request) every linear layer is a matrix-vector product that must read all of its
 weights once: memory-bound. PyTorch's float32 `F.linear` (MKL sgemm) measured about 3-4x the time a plain streaming
@@ -32,7 +32,7 @@ MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decod
 # multiply-adds of one token (compute), far less than fbgemm's path above it.
 INT8_MAX_ROWS = 17
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
-INT8_TILE_ROWS = 8  # csrc/linear.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
+INT8_TILE_ROWS = 8  # csrc/linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
 
 
