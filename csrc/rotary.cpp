@@ -37,8 +37,10 @@ at::Tensor radixlm::rotary(const at::Tensor& query_key, const at::Tensor& cos, c
   const int64_t batch = query_key.size(0), heads = query_key.size(1), tokens = query_key.size(2),
                 d = query_key.size(3);
   TORCH_CHECK(d % 2 == 0, "head_dim must be even, got ", d);
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && cos.size(0) == batch && cos.size(1) == tokens &&
-                  cos.size(2) == d, "cos and sin must be [B, T, D] for query_key [B, H, T, D]");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 3 && (cos.size(0) == batch || cos.size(0) == 1) &&
+                  cos.size(1) == tokens && cos.size(2) == d,
+              "cos and sin must be [B, T, D] (or [1, T, D]) for query_key [B, H, T, D]");
+  const bool shared_angles = cos.size(0) == 1;  // one set of positions for every sequence, broadcast
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();  // no copy when they already are
   // [B, T, H, D]: the layout of the q/k/v projection's output, which the attention reads as views.
   at::Tensor out = at::empty({batch, tokens, heads, d}, query_key.options());
@@ -50,7 +52,7 @@ at::Tensor radixlm::rotary(const at::Tensor& query_key, const at::Tensor& cos, c
   at::parallel_for(0, batch * tokens * heads, kGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / (tokens * heads), t = row / heads % tokens, h = row % heads;
-      const int64_t angle = (b * tokens + t) * d;
+      const int64_t angle = ((shared_angles ? 0 : b) * tokens + t) * d;
       rotate_row(q + b * sb + h * sh + t * st, cp + angle, sp + angle, d, op + row * d);
     }
   });

@@ -109,6 +109,9 @@ def test_cpp_rotary_is_bit_identical_to_transformers(head_dim):
             actual = radixlm._C.rotary(query_key, cos, sin)
             assert actual.shape == expected.shape and torch.equal(actual, expected)
             assert torch.equal(torch.ops.radixlm.rotary(query_key, cos, sin), expected)
+    pair = torch.randn(2, 3, 5, head_dim)  # two sequences, one set of positions broadcast over both
+    expected, _ = apply_rotary_pos_emb(pair, pair, cos[:, :5], sin[:, :5])
+    assert torch.equal(radixlm._C.rotary(pair, cos[:, :5], sin[:, :5]), expected)
 
 
 @needs_extension
