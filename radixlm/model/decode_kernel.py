@@ -8,6 +8,7 @@ The pure-torch path in `attention.py` stays the reference and the fallback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -30,6 +31,15 @@ def extension_error() -> str | None:
     torch.library.register_fake("radixlm::rms_norm")(_fake_rms_norm)
     torch.library.register_fake("radixlm::rotary")(_fake_rotary)
     return None
+
+
+def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
+    """The extension's direct entry point `name` (csrc/python_module.cpp: "small_batch_linear",
+    "small_batch_int8_linear", "rms_norm", "rotary"): the arguments and result of `torch.ops.radixlm.<name>`, without
+    the dispatcher. Needs the extension (see `extension_error`)."""
+    import radixlm._C
+
+    return getattr(radixlm._C, name)
 
 
 def _fake_decode_attention(query: torch.Tensor, *args: object) -> torch.Tensor:

@@ -4,7 +4,7 @@ A decode step at batch 1 runs about fifty small ops per layer, each paying frame
 (before any quantization), this replaces, for the module classes it knows:
 
 - RMSNorm: one call instead of seven ops, bitwise equal in float32: radixlm._C's `rms_norm` (with `cpp_kernels`,
-  about 1.8 us a call at one row) or `F.rms_norm` (about 7 us: PyTorch runs it as ten small ops);
+  about 1.5 us a call at one row) or `F.rms_norm` (about 7 us: PyTorch runs it as ten small ops);
 - MLP: gate and up projections as one matmul (one weight `[2I, H]`), `silu(gate) * up`, down projection;
 - attention (Llama, Mistral, Qwen2): q, k and v as one matmul, and rotary embedding applied to q and k together,
   in one call of radixlm._C's `rotary` (with `cpp_kernels`) or with a roll instead of slicing, negating and
@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from radixlm.model.decode_kernel import extension_error
+from radixlm.model.decode_kernel import direct_kernel, extension_error
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
@@ -59,11 +59,7 @@ def _cpp_kernel(name: str, weight: torch.Tensor) -> Callable[..., torch.Tensor] 
     float32 CPU tensor (not a tensor-parallel DTensor) and the extension is built; else None."""
     if isinstance(weight, DTensor) or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return None
-    if extension_error() is not None:
-        return None
-    import radixlm._C
-
-    return getattr(radixlm._C, name)
+    return None if extension_error() is not None else direct_kernel(name)
 
 
 class FusedGatedMLP(nn.Module):

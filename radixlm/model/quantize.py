@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
-from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, direct_kernel
+from radixlm.model.decode_kernel import direct_kernel
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny

@@ -18,14 +18,13 @@ the same float rounding steps), so a row's output is bit-identical on either pat
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.decode_kernel import extension_error
+from radixlm.model.decode_kernel import direct_kernel, extension_error
 
 MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
 # The int8 kernel's limit (a decode verifying up to 16 drafts): with AVX-512 VNNI each extra row costs the int8
@@ -64,14 +63,6 @@ def _register_fakes() -> bool:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
 
     return True
-
-
-def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
-    """The extension's direct entry point `name` ("small_batch_linear" or "small_batch_int8_linear"): the same
-    arguments and result as `torch.ops.radixlm.<name>`, without the dispatcher. Needs the extension."""
-    import radixlm._C
-
-    return getattr(radixlm._C, name)
 
 
 class SmallBatchLinear(nn.Linear):

@@ -4,14 +4,13 @@ import pytest
 import torch
 from torch import nn
 
-from radixlm.model.decode_kernel import extension_error
+from radixlm.model.decode_kernel import direct_kernel, extension_error
 from radixlm.model.quantize import Int8Linear
 from radixlm.model.small_batch import (
     INT8_MAX_ROWS,
     MAX_ROWS,
     Int8Rows,
     SmallBatchLinear,
-    direct_kernel,
     use_small_batch_linears,
 )
 
