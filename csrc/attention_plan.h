@@ -45,6 +45,21 @@ inline int64_t num_splits(const Problem& p, int64_t context_len) {
   return last_split(context_len) - first_split(p, context_len) + 1;
 }
 
+// offsets[i] = element offset in the caches of the K/V row of position `from + i`, KV head h0, for i < count (the
+// request's blocks at `blocks`): the block table walked with one division per call, not one per position.
+inline void row_offsets(const Problem& p, const int32_t* blocks, int64_t h0, int64_t from, int64_t count,
+                        int64_t* offsets) {
+  const int64_t row_stride = p.num_kv_heads * p.head_dim;
+  int64_t block = from / p.block_size, within = from - block * p.block_size;
+  for (int64_t i = 0; i < count; ++i) {
+    offsets[i] = (static_cast<int64_t>(blocks[block]) * p.block_size + within) * row_stride + h0 * p.head_dim;
+    if (++within == p.block_size) {
+      within = 0;
+      ++block;
+    }
+  }
+}
+
 // K/V bytes a thread should read for waking it to pay off (tens of microseconds of work). Smaller steps (a request
 // or two with short contexts) run on the calling thread: no fork, and no waiting on a worker that a busy machine
 // has descheduled, which measured up to milliseconds per call here.

@@ -9,8 +9,9 @@
 // their own, merged after. Storage may be float32 or bfloat16; arithmetic is float32. The inner loops are plain C++
 // (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
 //
-// attention_plan.h holds the problem and its work items, attention_softmax.h the softmax phase and the merge of
-// splits, attention_tiles.h the register-tiled score and value phases.
+// attention_plan.h holds the problem and its work items, attention_stream_in.h the read that brings a chunk of K/V
+// into cache before it is attended, attention_softmax.h the softmax phase and the merge of splits, attention_tiles.h
+// the register-tiled score and value phases (head_dim a multiple of 16), attention_generic.h those of any head_dim.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -29,50 +30,101 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_generic.h"
 #include "attention_plan.h"
 #include "attention_softmax.h"
+#include "attention_stream_in.h"
 #include "attention_tiles.h"
 
 namespace {
 
-using namespace radixlm_attention;  // the plan, the softmax, the register-tiled phases and kTile
-constexpr int64_t kPrefetchTiles = 1;  // how far ahead the K/V rows are asked for
+using namespace radixlm_attention;  // the plan, the stream-in, the softmax, the tile phases and kTile
 
-// Element e of a K/V row as float32. bfloat16 is the top half of a float32, so widening is a zero-extend and a
-// shift, which the compiler fuses into the vectorised loops below (no widened copy of the row is written).
-inline float load(const float* row, int64_t e) { return row[e]; }
+// One work item's state: its query rows gathered, and per query head j (row r's head jj is j = r * per_row + jj)
+// the running output, scores of the current tile, running max and running sum, all in `scratch`.
+struct ItemState {
+  int64_t b, num_rows, h0, num_kv, rep, per_row, d;
+  float *q, *acc, *scores, *running_max, *running_sum;
 
-inline float load(const at::BFloat16* row, int64_t e) {
-  const uint32_t wide = static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(row)[e]) << 16;
-  return std::bit_cast<float>(wide);
-}
-
-template <typename scalar_t>
-inline float dot(const float* __restrict q, const scalar_t* __restrict k, int64_t n) {
-  float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t e = 0; e < n; ++e) sum += q[e] * load(k, e);
-  return sum;
-}
-
-template <typename scalar_t>
-inline void add_scaled(float* __restrict acc, float weight, const scalar_t* __restrict v, int64_t n) {
-#pragma omp simd
-  for (int64_t e = 0; e < n; ++e) acc[e] += weight * load(v, e);
-}
-
-// scores[j, i] = scale * q_j . k_i for the `n` positions of a tile (element offsets `rows[i]` of KV head h0) and
-// the item's query heads j, KV head h0 + j / rep. Rows outer, heads inner: a K row serves its `rep` heads from L1.
-template <typename scalar_t>
-inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows, int64_t n, int64_t num_kv,
-                       int64_t rep, int64_t d, float scale, float* scores) {
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < num_kv; ++h) {
-      const scalar_t* k = keys + rows[i] + h * d;
-      for (int64_t r = 0; r < rep; ++r) {
-        const int64_t j = h * rep + r;
-        scores[j * kTile + i] = dot(q + j * d, k, d) * scale;
+  ItemState(const Problem& p, int64_t b_, int64_t num_rows_, int64_t h0_, int64_t h1, std::vector<float>& scratch)
+      : b(b_), num_rows(num_rows_), h0(h0_), num_kv(h1 - h0_), rep(p.num_heads / p.num_kv_heads),
+        per_row(num_kv * rep), d(p.head_dim) {
+    const int64_t num_q = num_rows * per_row;
+    scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
+    q = scratch.data();                  // [num_q, D]: gathered from a strided query
+    acc = q + num_q * d;                 // [num_q, D]
+    scores = acc + num_q * d;            // [num_q, kTile]
+    running_max = scores + num_q * kTile;
+    running_sum = running_max + num_q;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      for (int64_t jj = 0; jj < per_row; ++jj) {
+        std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
+                    q + (r * per_row + jj) * d);
       }
+    }
+    std::fill(acc, acc + num_q * d, 0.f);
+    // A finite floor, not -inf: the first tile's correction is then exp(very negative) = ~0, never exp(nan).
+    std::fill(running_max, running_max + num_q, -1e30f);
+    std::fill(running_sum, running_sum + num_q, 0.f);
+  }
+};
+
+// Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
+// holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
+template <typename scalar_t, int64_t kD>
+void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const scalar_t* values, int64_t r,
+                 const int64_t* rows, int64_t n, const int64_t* next, int64_t num_next) {
+  const int64_t per_row = s.per_row, rep = s.rep, d = kD > 0 ? kD : s.d;
+  if constexpr (kD > 0 && kD % 16 == 0) {
+    constexpr int64_t kC = kD / 16;
+    for (int64_t h = 0; h < s.num_kv; ++h) {
+      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+        score_group<scalar_t, kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
+                                                          j0 == r * per_row + h * rep ? num_next : 0);
+      });
+    }
+  } else {
+    score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
+  }
+  for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
+    softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
+  }
+  if constexpr (kD > 0 && kD % 16 == 0) {
+    constexpr int64_t kC = kD / 16;
+    for (int64_t h = 0; h < s.num_kv; ++h) {
+      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+        value_group<scalar_t, kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
+                                                          j0 == r * per_row + h * rep ? num_next : 0);
+      });
+    }
+  } else {
+    value_tile(s.acc + r * per_row * d, values, rows, n, s.num_kv, rep, d, s.scores + r * per_row * kTile);
+  }
+}
+
+// Each row's result for this split: its output when the split is its whole context, else a partial record.
+void write_rows(const Problem& p, const ItemState& s, int64_t split) {
+  const int64_t d = s.d;
+  for (int64_t r = 0; r < s.num_rows; ++r) {
+    const int64_t row_len = p.context_lens[s.b + r];
+    if (split > last_split(row_len)) continue;  // a shorter row of the group, with nothing in this split
+    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
+      float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
+                                    s.h0 * s.rep) * (d + 2);
+      for (int64_t jj = 0; jj < s.per_row; ++jj, record += d + 2) {
+        const int64_t j = r * s.per_row + jj;
+        record[0] = s.running_max[j];
+        record[1] = s.running_sum[j];
+        std::copy_n(s.acc + j * d, d, record + 2);
+      }
+      continue;
+    }
+    float* out = p.out + ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
+    for (int64_t jj = 0; jj < s.per_row; ++jj) {
+      const int64_t j = r * s.per_row + jj;
+      const float inverse = s.running_sum[j] > 0.f ? 1.f / s.running_sum[j] : 0.f;  // empty context: zeros
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = s.acc[j * d + e] * inverse;
     }
   }
 }
@@ -88,121 +140,35 @@ inline void score_tile(const float* q, const scalar_t* keys, const int64_t* rows
 template <typename scalar_t, int64_t kD>
 void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t num_rows,
                  int64_t h0, int64_t h1, int64_t split, std::vector<float>& scratch) {
-  const int64_t rep = p.num_heads / p.num_kv_heads, d = kD > 0 ? kD : p.head_dim;
-  const int64_t num_kv = h1 - h0, per_row = num_kv * rep, num_q = num_rows * per_row;
+  ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
   // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start. This item
   // attends positions [first, end) of the split.
   const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
   const int64_t end = std::min(context_len, (split + 1) * kSplitPositions);
   const int32_t* blocks = p.block_table + p.block_offsets[b];
-
-  scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
-  float* q = scratch.data();                 // [num_q, D]: the item's query rows, gathered from a strided query
-  for (int64_t r = 0; r < num_rows; ++r) {
-    for (int64_t jj = 0; jj < per_row; ++jj) {
-      std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
-                  q + (r * per_row + jj) * d);
-    }
-  }
-  float* acc = q + num_q * d;                // [num_q, D]
-  float* scores = acc + num_q * d;           // [num_q, kTile]
-  float* running_max = scores + num_q * kTile;  // [num_q]
-  float* running_sum = running_max + num_q;  // [num_q]
-  std::fill(acc, acc + num_q * d, 0.f);
-  // A finite floor, not -inf: the first tile's correction is then exp(very negative) = ~0, never exp(nan).
-  std::fill(running_max, running_max + num_q, -1e30f);
-  std::fill(running_sum, running_sum + num_q, 0.f);
-  const int64_t row_stride = p.num_kv_heads * d;
-  int64_t offsets[kTile];  // element offset of each position's K (and V) row of KV head h0
-
-  const auto offset_of = [&](int64_t pos) {
-    const int64_t slot = static_cast<int64_t>(blocks[pos / p.block_size]) * p.block_size + pos % p.block_size;
-    return slot * row_stride + h0 * d;
-  };
-  int64_t next[kTile];  // offsets of the tile kPrefetchTiles ahead, whose rows the phases below prefetch as they go
-  const int64_t head_bytes = d * static_cast<int64_t>(sizeof(scalar_t));
-  // The tiles before the first that the loop prefetches: ask for them now.
-  for (int64_t pos = first + kTile; pos < std::min(first + kPrefetchTiles * kTile, context_len); ++pos) {
-    for (int64_t h = 0; h < num_kv; ++h) {
-      for (int64_t line = 0; line < head_bytes; line += 64) {
-        __builtin_prefetch(reinterpret_cast<const char*>(keys + offset_of(pos) + h * d) + line, 0, 2);
-        __builtin_prefetch(reinterpret_cast<const char*>(values + offset_of(pos) + h * d) + line, 0, 2);
-      }
-    }
-  }
+  // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
+  // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes.
+  const bool whole_rows = s.num_kv == p.num_kv_heads;
+  const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
+  int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
   for (int64_t start = first; start < end; start += kTile) {
     const int64_t n = std::min(kTile, end - start);
-    for (int64_t i = 0; i < n; ++i) offsets[i] = offset_of(start + i);
-    // The rows of a tile jump between blocks and heads, which the hardware prefetchers follow poorly: each phase
-    // asks for the rows of its head kPrefetchTiles tiles ahead, one per position it processes, so the requests
-    // are spread out.
-    const int64_t ahead = start + kPrefetchTiles * kTile;
-    const int64_t num_next = std::clamp<int64_t>(context_len - ahead, 0, kTile);
-    for (int64_t i = 0; i < num_next; ++i) next[i] = offset_of(ahead + i);
+    if (whole_rows && (start - first) % chunk == 0) {
+      stream_in(p, blocks, keys, values, start, std::min(end, start + chunk));
+    }
+    row_offsets(p, blocks, h0, start, n, offsets);
+    const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
+    row_offsets(p, blocks, h0, start + kTile, num_next, next);
     for (int64_t r = 0; r < num_rows; ++r) {
       const int64_t n_row = std::min(n, p.context_lens[b + r] - start);  // this row's positions in the tile
-      if (n_row <= 0) continue;
-      const int64_t row_next = r == 0 ? num_next : 0;  // the first row's pass asks for the next tile
-      float* row_scores = scores + r * per_row * kTile;
-      if constexpr (kD > 0 && kD % 16 == 0) {
-        constexpr int64_t kC = kD / 16;
-        for (int64_t h = 0; h < num_kv; ++h) {
-          for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-            score_group<scalar_t, kC, decltype(group)::value>(q, keys, offsets, n_row, h, j0, p.scale, scores,
-                                                              next, j0 == r * per_row + h * rep ? row_next : 0);
-          });
-        }
-      } else {
-        score_tile(q + r * per_row * d, keys, offsets, n_row, num_kv, rep, d, p.scale, row_scores);
-      }
-      for (int64_t jj = 0; jj < per_row; ++jj) {
-        const int64_t j = r * per_row + jj;
-        softmax_tile(scores + j * kTile, n_row, p.softcap, running_max[j], running_sum[j], acc + j * d, d);
-      }
-      if constexpr (kD > 0 && kD % 16 == 0) {
-        constexpr int64_t kC = kD / 16;
-        for (int64_t h = 0; h < num_kv; ++h) {
-          for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-            value_group<scalar_t, kC, decltype(group)::value>(acc, values, offsets, n_row, h, j0, scores, next,
-                                                              j0 == r * per_row + h * rep ? row_next : 0);
-          });
-        }
-      } else {
-        for (int64_t i = 0; i < n_row; ++i) {
-          for (int64_t h = 0; h < num_kv; ++h) {
-            const scalar_t* v = values + offsets[i] + h * d;
-            for (int64_t k = 0; k < rep; ++k) {
-              const int64_t j = r * per_row + h * rep + k;
-              add_scaled(acc + j * d, scores[j * kTile + i], v, d);
-            }
-          }
-        }
+      // The first row's phases prefetch the next tile; the others read this tile again, from cache.
+      if (n_row > 0) {
+        attend_tile<scalar_t, kD>(p, s, keys, values, r, offsets, n_row, next, r == 0 ? num_next : 0);
       }
     }
   }
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const int64_t row_len = p.context_lens[b + r];
-    if (split > last_split(row_len)) continue;  // a shorter row of the group, with nothing in this split
-    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
-      float* record = p.partials + (p.partial_offsets[b + r] + (split - first_split(p, row_len)) * p.num_heads +
-                                    h0 * rep) * (d + 2);
-      for (int64_t jj = 0; jj < per_row; ++jj, record += d + 2) {
-        const int64_t j = r * per_row + jj;
-        record[0] = running_max[j];
-        record[1] = running_sum[j];
-        std::copy_n(acc + j * d, d, record + 2);
-      }
-      continue;
-    }
-    float* out = p.out + ((b + r) * p.num_heads + h0 * rep) * d;
-    for (int64_t jj = 0; jj < per_row; ++jj) {
-      const int64_t j = r * per_row + jj;
-      const float inverse = running_sum[j] > 0.f ? 1.f / running_sum[j] : 0.f;  // empty context: zeros
-#pragma omp simd
-      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = acc[j * d + e] * inverse;
-    }
-  }
+  write_rows(p, s, split);
 }
 
 template <typename scalar_t, int64_t kD>
