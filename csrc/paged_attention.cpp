@@ -139,7 +139,7 @@ void write_rows(const Problem& p, const ItemState& s, int64_t split) {
 // vectorises across rows with gathers, which is far slower.
 template <typename scalar_t, int64_t kD>
 void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t num_rows,
-                 int64_t h0, int64_t h1, int64_t split, std::vector<float>& scratch) {
+                 int64_t h0, int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
   // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start. This item
@@ -148,14 +148,16 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t end = std::min(context_len, (split + 1) * kSplitPositions);
   const int32_t* blocks = p.block_table + p.block_offsets[b];
   // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
-  // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes.
+  // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes. A staggered
+  // item's first chunk is half a chunk long (see `run`); chunks never change the numbers, only when bytes are read.
   const bool whole_rows = s.num_kv == p.num_kv_heads;
   const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
+  const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
   int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
   for (int64_t start = first; start < end; start += kTile) {
     const int64_t n = std::min(kTile, end - start);
-    if (whole_rows && (start - first) % chunk == 0) {
-      stream_in(p, blocks, keys, values, start, std::min(end, start + chunk));
+    if (whole_rows && (start == first || (start - first - lead) % chunk == 0)) {
+      stream_in(p, blocks, keys, values, start, std::min(end, start == first ? start + lead : start + chunk));
     }
     row_offsets(p, blocks, h0, start, n, offsets);
     const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
@@ -198,10 +200,16 @@ void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch)
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
     std::vector<float> scratch;
+    // Every other thread staggers its first item, so that the threads' streaming and arithmetic alternate rather
+    // than coincide: while one computes from cache, the other has the memory to itself. Items of equal size keep the
+    // offset. 64 x 256 positions: 1.06-1.10x -> 1.03-1.06x the read of the same bytes; 64 x 1,024: 1.22x -> 1.14x.
+    bool stagger = omp_get_thread_num() % 2 == 1;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < num_items; ++k) {
       const Item& item = items[k];
-      attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, item.split, scratch);
+      attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, item.split, stagger,
+                                scratch);
+      stagger = false;
     }
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < num_merged; ++k) merge_splits(p, merged_rows[k]);
