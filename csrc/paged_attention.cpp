@@ -107,7 +107,7 @@ void write_rows(const Problem& p, const ItemState& s, int64_t split) {
   const int64_t d = s.d;
   for (int64_t r = 0; r < s.num_rows; ++r) {
     const int64_t row_len = p.context_lens[s.b + r];
-    if (split > last_split(row_len)) continue;  // a shorter row of the group, with nothing in this split
+    if (split > last_split(p, row_len)) continue;  // a shorter row of the group, with nothing in this split
     if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
       float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
                                     s.h0 * s.rep) * (d + 2);
@@ -142,10 +142,10 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
                  int64_t h0, int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
-  // Rows are grouped only without a sliding window (see `plan_items`), so `first` is each row's own start. This item
-  // attends positions [first, end) of the split.
+  // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
+  // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
   const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
-  const int64_t end = std::min(context_len, (split + 1) * kSplitPositions);
+  const int64_t end = split_end(p, context_len, split);
   const int32_t* blocks = p.block_table + p.block_offsets[b];
   // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
   // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes. A staggered

@@ -129,9 +129,11 @@ def test_verification_rows_share_one_table():
 
 
 # (start, number of rows) per request: a plain decode, verifications crossing tile and block edges, another decode;
-# one long verification alone (its rows are cut into pieces for the threads); or verifications whose rows end on
-# both sides of a context split (512) and a decode spanning three splits.
-REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)], [(500, 17), (1500, 3), (5, 1)]]
+# one long verification alone (its rows are cut into pieces for the threads); verifications whose rows end on
+# both sides of a context split (512) and a decode spanning three splits; or a verification whose rows end on both
+# sides of 768, where a context stops folding its remainder into the split before (two runs of rows, then).
+REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)], [(500, 17), (1500, 3), (5, 1)],
+                 [(760, 17), (1030, 2)]]
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
