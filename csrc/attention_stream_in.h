@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "attention_plan.h"
 #include "attention_tiles.h"
@@ -35,7 +36,11 @@ template <int64_t kRuns>
 inline void read_lines(const char* const (&runs)[kRuns], int64_t bytes) {
   uint64_t sink[kRuns] = {};
   for (int64_t line = bytes - 64; line >= 0; line -= 64) {
-    for (int64_t r = 0; r < kRuns; ++r) sink[r] ^= *reinterpret_cast<const uint64_t*>(runs[r] + line);
+    for (int64_t r = 0; r < kRuns; ++r) {
+      uint64_t word;
+      std::memcpy(&word, runs[r] + line, sizeof(word));  // one load; memcpy keeps it free of aliasing rules
+      sink[r] ^= word;
+    }
   }
   for (int64_t r = 0; r < kRuns; ++r) asm volatile("" : : "r"(sink[r]));
 }
