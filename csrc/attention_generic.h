@@ -1,6 +1,6 @@
 // The score and value phases of the paged decode kernel (csrc/paged_attention.cpp) for any head_dim: plain loops that
-// the compiler vectorises, used when head_dim is not a multiple of 16 (attention_tiles.h has the faster register-tiled
-// phases for the others). Included by that file only; the namespace keeps these names to it.
+// the compiler vectorises, used for every head_dim but 64 and 128 (those are compiled in, and get attention_tiles.h's
+// faster register-tiled phases). Included by that file only; the namespace keeps these names to it.
 
 #pragma once
 

@@ -11,7 +11,7 @@
 //
 // attention_plan.h holds the problem and its work items, attention_stream_in.h the read that brings a chunk of K/V
 // into cache before it is attended, attention_softmax.h the softmax phase and the merge of splits, attention_tiles.h
-// the register-tiled score and value phases (head_dim a multiple of 16), attention_generic.h those of any head_dim.
+// the register-tiled score and value phases (head_dim 64 and 128), attention_generic.h those of any other head_dim.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -107,7 +107,7 @@ void write_rows(const Problem& p, const ItemState& s, int64_t split) {
   const int64_t d = s.d;
   for (int64_t r = 0; r < s.num_rows; ++r) {
     const int64_t row_len = p.context_lens[s.b + r];
-    if (split > last_split(p, row_len)) continue;  // a shorter row of the group, with nothing in this split
+    if (split > last_split(p, row_len)) continue;  // a safeguard: rows of a group share their last split
     if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
       float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
                                     s.h0 * s.rep) * (d + 2);
@@ -260,6 +260,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
               "key/value caches must both be float32 or both bfloat16");
   TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "key/value caches must be contiguous");
   TORCH_CHECK(key_cache.size(2) == query.size(2), "head_dim of the query and the cache differ");
+  TORCH_CHECK(query.size(2) > 0 && key_cache.size(1) > 0, "head_dim and the number of KV heads must be positive");
   const int64_t batch = query.size(0), num_heads = query.size(1), num_kv_heads = key_cache.size(1);
   TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads");
   for (const at::Tensor* t : {&block_table, &block_offsets, &context_lens}) {

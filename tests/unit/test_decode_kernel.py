@@ -131,9 +131,10 @@ def test_verification_rows_share_one_table():
 # (start, number of rows) per request: a plain decode, verifications crossing tile and block edges, another decode;
 # one long verification alone (its rows are cut into pieces for the threads); verifications whose rows end on
 # both sides of a context split (512) and a decode spanning three splits; or a verification whose rows end on both
-# sides of 768, where a context stops folding its remainder into the split before (two runs of rows, then).
+# sides of 768, where a context stops folding its remainder into the split before (two runs of rows, then); or
+# enough requests verifying drafts that even two threads take whole rows (which stream in, staggered).
 REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)], [(500, 17), (1500, 3), (5, 1)],
-                 [(760, 17), (1030, 2)]]
+                 [(760, 17), (1030, 2)], [(40 + 37 * i, 3) for i in range(9)]]
 
 
 @pytest.mark.parametrize("head_dim", [64, 80])
@@ -224,6 +225,9 @@ def test_bad_tables_raise_instead_of_reading_out_of_bounds():
     with pytest.raises(RuntimeError, match="needs 2 blocks"):
         op(query, cache, cache, torch.tensor([0], dtype=torch.int32), one, torch.tensor([17], dtype=torch.int32), 16,
            0.1, 0, 0.0)
+    with pytest.raises(RuntimeError, match="must be positive"):  # an empty head_dim would size chunks by 0
+        op(torch.zeros(1, 2, 0), torch.zeros(64, 2, 0), torch.zeros(64, 2, 0), torch.tensor([0], dtype=torch.int32),
+           one, torch.tensor([3], dtype=torch.int32), 16, 0.1, 0, 0.0)
 
 
 def test_op_is_opaque_to_torch_compile():
