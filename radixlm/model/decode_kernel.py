@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 @cache
 def extension_error() -> str | None:
-    """None when the extension imports (its op is then registered), else why it does not."""
+    """None when the extension imports (its ops are then registered, each with a fake kernel, so `torch.compile`
+    treats them as opaque), else why it does not."""
     try:
         import radixlm._C  # noqa: F401  (importing registers torch.ops.radixlm.*)
     except ImportError as error:
@@ -30,6 +31,8 @@ def extension_error() -> str | None:
     torch.library.register_fake("radixlm::write_kv")(_fake_write_kv)
     torch.library.register_fake("radixlm::rms_norm")(_fake_rms_norm)
     torch.library.register_fake("radixlm::rotary")(_fake_rotary)
+    torch.library.register_fake("radixlm::small_batch_linear")(_fake_linear)
+    torch.library.register_fake("radixlm::small_batch_int8_linear")(_fake_linear)
     return None
 
 
@@ -52,6 +55,10 @@ def _fake_write_kv(*args: object) -> None:
 
 def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:

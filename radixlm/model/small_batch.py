@@ -18,8 +18,6 @@ the same float rounding steps), so a row's output is bit-identical on either pat
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,22 +45,8 @@ def int8_kernel_is_vectorized() -> bool:
 
 
 def kernels_available() -> bool:
-    """True when radixlm._C imports; its ops then have fake kernels too, so `torch.compile` treats them as opaque."""
-    return extension_error() is None and _register_fakes()
-
-
-@cache
-def _register_fakes() -> bool:
-    @torch.library.register_fake("radixlm::small_batch_linear")
-    def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-    @torch.library.register_fake("radixlm::small_batch_int8_linear")
-    def _(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor,
-          bias: torch.Tensor | None) -> torch.Tensor:
-        return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-    return True
+    """True when radixlm._C imports (see `extension_error`)."""
+    return extension_error() is None
 
 
 class SmallBatchLinear(nn.Linear):
