@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kv_rows.h"
+
 namespace radixlm_attention {
 
 struct Problem {
@@ -22,6 +24,11 @@ struct Problem {
   // here, merged after all items: request b's start at partials + partial_offsets[b] * (head_dim + 2).
   float* partials;
   const int64_t* partial_offsets;
+  // The step's new K/V rows (row b's at new_rows->slots[b]) when the kernel writes them, else null. A row that
+  // `writes_own_row[b]` is written by the work items that attend its last position, just before they read it (only
+  // they read that slot); the others are written by all threads before any item starts.
+  const radixlm_kv::NewRows* new_rows;
+  const uint8_t* writes_own_row;
 };
 
 // A row's context is attended in splits of this many positions, cut at absolute positions (0, 512, ...), each a work
@@ -85,6 +92,13 @@ struct Item {
 // that each read the context again, from cache, so that an item's queries and accumulators stay small.
 constexpr int64_t kMaxRowsPerPiece = 64;
 
+// Whether row b continues the run of rows before it (see `plan_items`).
+inline bool continues_run(const Problem& p, int64_t b) {
+  return b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
+         p.context_lens[b] >= p.context_lens[b - 1] &&
+         last_split(p, p.context_lens[b]) == last_split(p, p.context_lens[b - 1]);
+}
+
 // The work items of a step: runs of rows of one request (consecutive rows with the same block offset, non-decreasing
 // lengths and the same last split: a decode verifying drafts, or a prefill chunk; never with a sliding window, whose
 // rows start at different positions), cut into pieces of at most kMaxRowsPerPiece rows, times KV heads. An item reads
@@ -94,10 +108,7 @@ constexpr int64_t kMaxRowsPerPiece = 64;
 std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_threads) {
   std::vector<int64_t> run_starts;
   for (int64_t b = 0; b < batch; ++b) {
-    const bool continues = b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
-                           p.context_lens[b] >= p.context_lens[b - 1] &&
-                           last_split(p, p.context_lens[b]) == last_split(p, p.context_lens[b - 1]);
-    if (!continues) run_starts.push_back(b);
+    if (!continues_run(p, b)) run_starts.push_back(b);
   }
   const int64_t num_runs = static_cast<int64_t>(run_starts.size());
   run_starts.push_back(batch);

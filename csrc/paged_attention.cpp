@@ -86,6 +86,14 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
   } else {
     score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
   }
+#if defined(__AVX512F__)
+  if (p.softcap <= 0.f && d % 16 == 0) {
+    for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
+      softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
+                    s.running_sum + j, s.acc + j * d, d);
+    }
+  } else
+#endif
   for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
     softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
   }
@@ -138,10 +146,15 @@ void write_rows(const Problem& p, const ItemState& s, int64_t split) {
 // problem. The loops over query heads keep a runtime trip count on purpose: with everything constant, GCC
 // vectorises across rows with gathers, which is far slower.
 template <typename scalar_t, int64_t kD>
-void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values, int64_t b, int64_t num_rows,
-                 int64_t h0, int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
+void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, int64_t num_rows, int64_t h0,
+                 int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
+  if (p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len)) {
+    // Its new K/V go into the chunk streamed next, which then finds their lines in cache (about 0.5 ms of a 64 x 256
+    // step that a separate write_kv spent missing them).
+    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+  }
   // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
   // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
   const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
@@ -154,10 +167,13 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
   const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
   const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
   int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
+  int64_t streamed = first;  // positions before this are in cache
   for (int64_t start = first; start < end; start += kTile) {
     const int64_t n = std::min(kTile, end - start);
-    if (whole_rows && (start == first || (start - first - lead) % chunk == 0)) {
-      stream_in(p, blocks, keys, values, start, std::min(end, start == first ? start + lead : start + chunk));
+    if (whole_rows && start >= streamed) {
+      streamed = std::min(end, start + (start == first ? lead : chunk));
+      if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
+      stream_in(p, blocks, keys, values, start, streamed);
     }
     row_offsets(p, blocks, h0, start, n, offsets);
     const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
@@ -173,8 +189,25 @@ void attend_rows(const Problem& p, const scalar_t* keys, const scalar_t* values,
   write_rows(p, s, split);
 }
 
+// Which rows the items write themselves (see Problem::writes_own_row): a row alone in its run whose slot is its
+// context's last position. The rest are listed in `prewritten`.
+std::vector<uint8_t> plan_writes(const Problem& p, int64_t batch, std::vector<int64_t>& prewritten) {
+  std::vector<uint8_t> own(batch, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = p.context_lens[b];
+    bool alone = len > 0 && !continues_run(p, b) && !(b + 1 < batch && continues_run(p, b + 1));
+    if (alone) {
+      const int64_t last = len - 1, block = p.block_table[p.block_offsets[b] + last / p.block_size];
+      alone = p.new_rows->slots[b] == block * p.block_size + last % p.block_size;
+    }
+    own[b] = alone;
+    if (!alone) prewritten.push_back(b);
+  }
+  return own;
+}
+
 template <typename scalar_t, int64_t kD>
-void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch) {
+void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch) {
   int64_t num_positions = 0;
   std::vector<int64_t> partial_offsets(batch), merged_rows;
   int64_t num_records = 0;
@@ -196,6 +229,13 @@ void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch)
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
   const std::vector<Item> items = plan_items(p, batch, num_threads);
   const int64_t num_items = static_cast<int64_t>(items.size()), num_merged = static_cast<int64_t>(merged_rows.size());
+  std::vector<int64_t> prewritten;
+  std::vector<uint8_t> writes_own_row;
+  if (p.new_rows != nullptr) {
+    writes_own_row = plan_writes(p, batch, prewritten);
+    p.writes_own_row = writes_own_row.data();
+  }
+  const int64_t num_prewritten = static_cast<int64_t>(prewritten.size());
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
@@ -204,6 +244,13 @@ void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch)
     // than coincide: while one computes from cache, the other has the memory to itself. Items of equal size keep the
     // offset. 64 x 256 positions: 1.06-1.10x -> 1.03-1.06x the read of the same bytes; 64 x 1,024: 1.22x -> 1.14x.
     bool stagger = omp_get_thread_num() % 2 == 1;
+    if (num_prewritten > 0) {  // rows other items may read: all written before any item starts (the barrier)
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < num_prewritten; ++k) {
+        radixlm_kv::write_row(keys, values, *p.new_rows, prewritten[k], 0, p.num_kv_heads, p.num_kv_heads,
+                              p.head_dim);
+      }
+    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < num_items; ++k) {
       const Item& item = items[k];
@@ -217,9 +264,9 @@ void run(Problem p, const scalar_t* keys, const scalar_t* values, int64_t batch)
 }
 
 template <typename scalar_t>
-void dispatch_head_dim(const Problem& p, const at::Tensor& key_cache, const at::Tensor& value_cache, int64_t batch) {
-  const scalar_t* keys = key_cache.data_ptr<scalar_t>();
-  const scalar_t* values = value_cache.data_ptr<scalar_t>();
+void dispatch_head_dim(const Problem& p, at::Tensor& key_cache, at::Tensor& value_cache, int64_t batch) {
+  scalar_t* keys = key_cache.data_ptr<scalar_t>();
+  scalar_t* values = value_cache.data_ptr<scalar_t>();
   if (p.head_dim == 64) {
     run<scalar_t, 64>(p, keys, values, batch);
   } else if (p.head_dim == 128) {
@@ -248,10 +295,15 @@ void check_tables(const at::Tensor& block_table, const at::Tensor& block_offsets
   }
 }
 
-at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+// With slot_mapping, new_keys and new_values (all or none), the op first writes each row's new K/V, as write_kv
+// does, then attends: one call per layer instead of two when every row of a step decodes.
+at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache, at::Tensor value_cache,
                                   const at::Tensor& block_table, const at::Tensor& block_offsets,
                                   const at::Tensor& context_lens, int64_t block_size, double scale,
-                                  int64_t sliding_window, double softcap) {
+                                  int64_t sliding_window, double softcap,
+                                  const c10::optional<at::Tensor>& slot_mapping,
+                                  const c10::optional<at::Tensor>& new_keys,
+                                  const c10::optional<at::Tensor>& new_values) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query must be float32 [B, Hq, D]");
   TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes(),
               "key/value caches must be [num_slots, Hkv, D] of one shape");
@@ -277,7 +329,15 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
             block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
             num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
-            static_cast<float>(softcap), nullptr, nullptr};
+            static_cast<float>(softcap), nullptr, nullptr, nullptr, nullptr};
+  radixlm_kv::NewRows rows{};
+  TORCH_CHECK(slot_mapping.has_value() == new_keys.has_value() && new_keys.has_value() == new_values.has_value(),
+              "slot_mapping, new_keys and new_values go together");
+  if (slot_mapping.has_value()) {
+    rows = radixlm_kv::check_new_rows(key_cache, value_cache, *slot_mapping, *new_keys, *new_values);
+    TORCH_CHECK(slot_mapping->size(0) == batch, "one new K/V row per query row");
+    p.new_rows = &rows;
+  }
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim<float>(p, key_cache, value_cache, batch);
   } else {
@@ -289,9 +349,9 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
 }  // namespace
 
 TORCH_LIBRARY(radixlm, m) {
-  m.def("paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, "
+  m.def("paged_decode_attention(Tensor query, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_table, "
         "Tensor block_offsets, Tensor context_lens, int block_size, float scale, int sliding_window, "
-        "float softcap) -> Tensor");
+        "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }

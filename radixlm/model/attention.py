@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from radixlm.model.decode_kernel import paged_decode_attention, write_kv
+from radixlm.model.decode_kernel import NewRows, paged_decode_attention, write_kv
 from radixlm.model.input_batch import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Avoid "sdpa", "flash", "flex" and "paged|" in the name: transformers gives those names special treatment.
@@ -38,15 +38,16 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     key_cache = radix_attn.kv_cache.key_caches[layer]
     value_cache = radix_attn.kv_cache.value_caches[layer]
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
-    write_kv(key_cache, value_cache, radix_attn.slot_mapping, new_keys, new_values)
-
     queries = query[0]  # [Hq, T, D]
     decode = radix_attn.decode
-    if decode is not None and decode.tables is not None and not radix_attn.prefills and decode.rows_are_prefix:
-        # Every row decodes (the usual step): the kernel's output is the whole output, no copy.
+    if (decode is not None and decode.tables is not None and not radix_attn.prefills and decode.rows_are_prefix
+            and new_keys.dtype == torch.float32 and len(decode.context_lens) == queries.shape[1]):
+        # Every row decodes (the usual step): the kernel writes the new K/V itself, and its output is the whole
+        # output, no copy.
         out = _decode_kernel(queries.transpose(0, 1), key_cache, value_cache, decode, scaling, sliding_window,
-                             softcap)
+                             softcap, (radix_attn.slot_mapping, new_keys, new_values))
         return out[None], None
+    write_kv(key_cache, value_cache, radix_attn.slot_mapping, new_keys, new_values)
     output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
     if radix_attn.decode is not None and radix_attn.decode.tables is not None:
         _attend_decodes_kernel(queries, key_cache, value_cache, radix_attn.decode, output, scaling, sliding_window,
@@ -75,11 +76,12 @@ def _attend_decodes_kernel(queries: torch.Tensor, key_cache: torch.Tensor, value
 
 
 def _decode_kernel(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, group: DecodeGroup,
-                   scaling: float | None, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
-    """q `[B, Hq, D]` (any strides) -> `[B, Hq, D]` from the C++ kernel."""
+                   scaling: float | None, sliding_window: int | None, softcap: float | None,
+                   new_rows: NewRows | None = None) -> torch.Tensor:
+    """q `[B, Hq, D]` (any strides) -> `[B, Hq, D]` from the C++ kernel, which first writes `new_rows` if given."""
     assert group.tables is not None
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    return paged_decode_attention(q, key_cache, value_cache, group.tables, scale, sliding_window, softcap)
+    return paged_decode_attention(q, key_cache, value_cache, group.tables, scale, sliding_window, softcap, new_rows)
 
 
 def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

@@ -95,6 +95,10 @@ def resolve_backend(requested: str) -> str:
     return "torch"
 
 
+# A step's new K/V: (slot_mapping `[T]` int64, keys `[T, Hkv, D]`, values `[T, Hkv, D]`), rows in query order.
+NewRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @dataclass
 class DecodeTables:
     """Per-step inputs of the kernel, built once per step: request b's blocks are
@@ -128,14 +132,16 @@ class DecodeTables:
 
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            tables: DecodeTables, scale: float, sliding_window: int | None,
-                           softcap: float | None) -> torch.Tensor:
+                           softcap: float | None, new_rows: NewRows | None = None) -> torch.Tensor:
     """query `[B, Hq, D]` (any float dtype) over caches `[num_slots, Hkv, D]` (float32 or bfloat16) -> `[B, Hq, D]`
     in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
-    soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32."""
+    soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32. With `new_rows`
+    (one per query row, float32) the kernel first writes them into the caches, as `write_kv` would."""
     error = extension_error()  # cached: imports the extension on first use
     if error is not None:
         raise RuntimeError(f"radixlm._C is not built: {error}")
+    slot_mapping, new_keys, new_values = new_rows if new_rows is not None else (None, None, None)
     out = torch.ops.radixlm.paged_decode_attention(
         query.float(), key_cache, value_cache, tables.block_table, tables.block_offsets, tables.context_lens,
-        tables.block_size, scale, sliding_window or 0, softcap or 0.0)
+        tables.block_size, scale, sliding_window or 0, softcap or 0.0, slot_mapping, new_keys, new_values)
     return out.to(query.dtype)

@@ -185,6 +185,54 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
     torch.testing.assert_close(kernel, reference[0], atol=1e-5, rtol=1e-5)
 
 
+# More mixes for the kernel's own K/V writes: many plain decodes (each item writes its own row), one long decode
+# cut into splits and into single-head items, and a decode whose slot is not its last position (written before any
+# item starts, like the rows of a verification).
+WRITE_MIXES = [*REQUEST_MIXES, [(200 + 13 * i, 1) for i in range(20)], [(1300, 1)], [(90, 1), (50, 1)]]
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.mark.parametrize("requests", WRITE_MIXES)
+def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_dtype):
+    """Given the step's new K/V, the kernel leaves the caches exactly as `write_kv` does and attends the same bits as
+    `write_kv` followed by the kernel, whichever items write which rows."""
+    block_size, head_dim, num_heads = 16, 64, 3 * NUM_KV_HEADS
+    rng = random.Random(len(requests))
+    num_blocks = 800
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    lengths, tables, slots = [], [], []
+    for start, num_rows in requests:
+        table = [free.pop() for _ in range(-(-(start + num_rows) // block_size))]
+        for j in range(num_rows):
+            position = start + j
+            lengths.append(position + 1)
+            tables.append(table)
+            slots.append(table[position // block_size] * block_size + position % block_size)
+    if requests == WRITE_MIXES[-1]:
+        slots[1] = free.pop() * block_size + 3  # not its last position: no item may own the write
+    torch.manual_seed(4)
+    caches = [torch.randn(num_blocks * block_size, NUM_KV_HEADS, head_dim).to(kv_dtype) for _ in range(2)]
+    query = torch.randn(len(lengths), num_heads, head_dim)
+    keys, values = (torch.randn(NUM_KV_HEADS, len(lengths), head_dim).transpose(0, 1) for _ in range(2))
+    slot_mapping = torch.tensor(slots, dtype=torch.long)
+    decode_tables = DecodeTables.build(tables, lengths, block_size)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        separate = [c.clone() for c in caches]
+        write_kv(*separate, slot_mapping, keys, values)
+        expected = paged_decode_attention(query, *separate, decode_tables, head_dim ** -0.5, None, None)
+        fused = [c.clone() for c in caches]
+        out = paged_decode_attention(query, *fused, decode_tables, head_dim ** -0.5, None, None,
+                                     (slot_mapping, keys, values))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
+    assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize("num_threads", [1, 2])
 def test_a_long_context_gets_the_same_numbers_alone_or_in_a_batch(num_threads):
     """A lone request's long context is split into several work items (its KV heads alone are too few for the
@@ -228,6 +276,22 @@ def test_bad_tables_raise_instead_of_reading_out_of_bounds():
     with pytest.raises(RuntimeError, match="must be positive"):  # an empty head_dim would size chunks by 0
         op(torch.zeros(1, 2, 0), torch.zeros(64, 2, 0), torch.zeros(64, 2, 0), torch.tensor([0], dtype=torch.int32),
            one, torch.tensor([3], dtype=torch.int32), 16, 0.1, 0, 0.0)
+
+
+def test_bad_new_rows_raise():
+    op = torch.ops.radixlm.paged_decode_attention
+    query, cache = torch.zeros(1, 2, 64), torch.zeros(64, 2, 64)
+    table, one = torch.tensor([0], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    rows = torch.zeros(1, 2, 64)
+    args = (query, cache, cache.clone(), table, table, one, 16, 0.1, 0, 0.0)
+    with pytest.raises(RuntimeError, match="go together"):
+        op(*args, torch.tensor([0]), rows, None)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        op(*args, torch.tensor([64]), rows, rows)
+    with pytest.raises(RuntimeError, match="one new K/V row per query row"):
+        op(*args, torch.tensor([0, 1]), torch.zeros(2, 2, 64), torch.zeros(2, 2, 64))
+    with pytest.raises(RuntimeError, match="keys/values must be"):
+        op(*args, torch.tensor([0]), torch.zeros(1, 2, 32), rows)
 
 
 def test_op_is_opaque_to_torch_compile():
