@@ -150,11 +150,14 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
                  int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
-  if (p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len)) {
-    // Its new K/V go into the chunk streamed next, which then finds their lines in cache (about 0.5 ms of a 64 x 256
-    // step that a separate write_kv spent missing them).
+  // The row's new K/V, when this item writes them (see Problem::writes_own_row): an item that streams writes them
+  // right after streaming in the chunk that holds them, so the stores hit lines already in cache; one that does not
+  // stream writes them first.
+  bool write_pending = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
+  const auto write_own_row = [&] {
     radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
-  }
+    write_pending = false;
+  };
   // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
   // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
   const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
@@ -174,7 +177,9 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
       streamed = std::min(end, start + (start == first ? lead : chunk));
       if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
       stream_in(p, blocks, keys, values, start, streamed);
+      if (write_pending && streamed == end) write_own_row();
     }
+    if (write_pending && !whole_rows) write_own_row();
     row_offsets(p, blocks, h0, start, n, offsets);
     const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
     row_offsets(p, blocks, h0, start + kTile, num_next, next);
