@@ -25,8 +25,8 @@ struct Problem {
   float* partials;
   const int64_t* partial_offsets;
   // The step's new K/V rows (row b's at new_rows->slots[b]) when the kernel writes them, else null. A row that
-  // `writes_own_row[b]` is written by the work items that attend its last position, just before they read it (only
-  // they read that slot); the others are written by all threads before any item starts.
+  // `writes_own_row[b]` (see `plan_writes`) is written by the work items that attend its last split, each its own KV
+  // heads, before they attend the slot; the others are written before any item starts.
   const radixlm_kv::NewRows* new_rows;
   const uint8_t* writes_own_row;
 };
@@ -141,6 +141,44 @@ std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_thread
     }
   }
   return items;
+}
+
+// Which rows the work items write themselves (Problem::writes_own_row): a row whose slot is its context's last
+// position, in a block that no other row reads (in the engine: a plain decode; the rows of a chunk or of a
+// verification read each other's new positions). Those writes need no ordering: only the row's own items read that
+// block, and they write before they attend it. Block ids are below `num_blocks` (the op checks the tables).
+inline std::vector<uint8_t> plan_writes(const Problem& p, int64_t batch, int64_t num_blocks) {
+  std::vector<uint64_t> candidate((num_blocks + 63) / 64), shared((num_blocks + 63) / 64);
+  const auto has = [](const std::vector<uint64_t>& bits, int64_t k) { return (bits[k >> 6] >> (k & 63)) & 1; };
+  const auto mark = [](std::vector<uint64_t>& bits, int64_t k) { bits[k >> 6] |= uint64_t{1} << (k & 63); };
+  std::vector<int64_t> own_block(batch, -1);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = p.context_lens[b];
+    if (len == 0) continue;
+    const int64_t last = len - 1, block = p.block_table[p.block_offsets[b] + last / p.block_size];
+    if (p.new_rows->slots[b] != block * p.block_size + last % p.block_size) continue;
+    own_block[b] = block;
+    mark(has(candidate, block) ? shared : candidate, block);
+  }
+  // Every block some row reads, once per run of rows with one table offset (the rows of one request): a candidate's
+  // block read by any row but its owner alone is shared.
+  for (int64_t b = 0, e = 0; b < batch; b = e) {
+    int64_t first = 0, last = -1;  // block indexes the run reads
+    for (e = b; e < batch && p.block_offsets[e] == p.block_offsets[b]; ++e) {
+      if (p.context_lens[e] == 0) continue;
+      const int64_t lo = first_position(p, p.context_lens[e]) / p.block_size;
+      first = last < 0 ? lo : std::min(first, lo);
+      last = std::max<int64_t>(last, (p.context_lens[e] - 1) / p.block_size);
+    }
+    const int32_t* table = p.block_table + p.block_offsets[b];
+    for (int64_t k = first; k <= last; ++k) {
+      const bool owners_own = e - b == 1 && table[k] == own_block[b];
+      if (has(candidate, table[k]) && !owners_own) mark(shared, table[k]);
+    }
+  }
+  std::vector<uint8_t> owns(batch, 0);
+  for (int64_t b = 0; b < batch; ++b) owns[b] = own_block[b] >= 0 && !has(shared, own_block[b]);
+  return owns;
 }
 
 }  // namespace radixlm_attention

@@ -41,7 +41,7 @@ inline float exp_nonpositive(float x) {
 // exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
 // range reduction into code this tight).
 inline __m512 exp16_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // this order keeps a NaN (maxps returns its second operand then)
   const __m512 round = _mm512_set1_ps(12582912.0f);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -115,7 +115,7 @@ inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* 
   const int64_t num_vectors = (n + 15) / 16;
   const __mmask16 last = static_cast<__mmask16>(0xFFFFu >> (16 * num_vectors - n));  // valid lanes of the last
   const __m512 floor = _mm512_set1_ps(-1e30f);
-  alignas(64) float tile_max[16], sums[16], correction[16];
+  alignas(64) float tile_max[16] = {}, sums[16] = {}, correction[16] = {};  // lanes past `count` are never used
   for (int64_t j = 0; j < count; ++j) {
     __m512 top = floor;
     for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {

@@ -43,9 +43,10 @@ inline NewRows check_new_rows(const at::Tensor& key_cache, const at::Tensor& val
           values.stride(1)};
 }
 
-// dst[e] = src[e] for `n` elements, rounding float32 to bfloat16 as PyTorch's .to() does (to nearest, ties to even).
+// dst[e] = src[e] for `n` elements.
 inline void store_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 
+// The same into bfloat16, rounding as PyTorch's .to() does (to nearest, ties to even).
 inline void store_row(at::BFloat16* dst, const float* src, int64_t n) {
   for (int64_t e = 0; e < n; ++e) dst[e] = c10::BFloat16(src[e]);
 }

@@ -9,9 +9,14 @@
 // their own, merged after. Storage may be float32 or bfloat16; arithmetic is float32. The inner loops are plain C++
 // (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
 //
-// attention_plan.h holds the problem and its work items, attention_stream_in.h the read that brings a chunk of K/V
-// into cache before it is attended, attention_softmax.h the softmax phase and the merge of splits, attention_tiles.h
-// the register-tiled score and value phases (head_dim 64 and 128), attention_generic.h those of any other head_dim.
+// Given the step's new K/V rows, the op writes them into the caches first (one call per layer instead of two): a
+// plain decode's own items write its row right after streaming in the block that holds it, so the stores find their
+// lines in cache; rows that other rows read are written before any item starts (see `plan_writes`).
+//
+// attention_plan.h holds the problem, its work items and who writes which new row; attention_item.h one item's
+// work; attention_stream_in.h the read that brings a chunk of K/V into cache before it is attended;
+// attention_softmax.h the softmax phase and the merge of splits; attention_tiles.h the register-tiled score and value
+// phases (head_dim 64 and 128), attention_generic.h those of any other head_dim.
 
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -30,189 +35,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention_generic.h"
+#include "attention_item.h"
 #include "attention_plan.h"
 #include "attention_softmax.h"
-#include "attention_stream_in.h"
-#include "attention_tiles.h"
 
 namespace {
 
-using namespace radixlm_attention;  // the plan, the stream-in, the softmax, the tile phases and kTile
-
-// One work item's state: its query rows gathered, and per query head j (row r's head jj is j = r * per_row + jj)
-// the running output, scores of the current tile, running max and running sum, all in `scratch`.
-struct ItemState {
-  int64_t b, num_rows, h0, num_kv, rep, per_row, d;
-  float *q, *acc, *scores, *running_max, *running_sum;
-
-  ItemState(const Problem& p, int64_t b_, int64_t num_rows_, int64_t h0_, int64_t h1, std::vector<float>& scratch)
-      : b(b_), num_rows(num_rows_), h0(h0_), num_kv(h1 - h0_), rep(p.num_heads / p.num_kv_heads),
-        per_row(num_kv * rep), d(p.head_dim) {
-    const int64_t num_q = num_rows * per_row;
-    scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
-    q = scratch.data();                  // [num_q, D]: gathered from a strided query
-    acc = q + num_q * d;                 // [num_q, D]
-    scores = acc + num_q * d;            // [num_q, kTile]
-    running_max = scores + num_q * kTile;
-    running_sum = running_max + num_q;
-    for (int64_t r = 0; r < num_rows; ++r) {
-      for (int64_t jj = 0; jj < per_row; ++jj) {
-        std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
-                    q + (r * per_row + jj) * d);
-      }
-    }
-    std::fill(acc, acc + num_q * d, 0.f);
-    // A finite floor, not -inf: the first tile's correction is then exp(very negative) = ~0, never exp(nan).
-    std::fill(running_max, running_max + num_q, -1e30f);
-    std::fill(running_sum, running_sum + num_q, 0.f);
-  }
-};
-
-// Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
-// holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
-template <typename scalar_t, int64_t kD>
-void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const scalar_t* values, int64_t r,
-                 const int64_t* rows, int64_t n, const int64_t* next, int64_t num_next) {
-  const int64_t per_row = s.per_row, rep = s.rep, d = kD > 0 ? kD : s.d;
-  if constexpr (kD > 0 && kD % 16 == 0) {
-    constexpr int64_t kC = kD / 16;
-    for (int64_t h = 0; h < s.num_kv; ++h) {
-      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-        score_group<scalar_t, kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
-                                                          j0 == r * per_row + h * rep ? num_next : 0);
-      });
-    }
-  } else {
-    score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
-  }
-#if defined(__AVX512F__)
-  if (p.softcap <= 0.f && d % 16 == 0) {
-    for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
-      softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
-                    s.running_sum + j, s.acc + j * d, d);
-    }
-  } else
-#endif
-  for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
-    softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
-  }
-  if constexpr (kD > 0 && kD % 16 == 0) {
-    constexpr int64_t kC = kD / 16;
-    for (int64_t h = 0; h < s.num_kv; ++h) {
-      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-        value_group<scalar_t, kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
-                                                          j0 == r * per_row + h * rep ? num_next : 0);
-      });
-    }
-  } else {
-    value_tile(s.acc + r * per_row * d, values, rows, n, s.num_kv, rep, d, s.scores + r * per_row * kTile);
-  }
-}
-
-// Each row's result for this split: its output when the split is its whole context, else a partial record.
-void write_rows(const Problem& p, const ItemState& s, int64_t split) {
-  const int64_t d = s.d;
-  for (int64_t r = 0; r < s.num_rows; ++r) {
-    const int64_t row_len = p.context_lens[s.b + r];
-    if (split > last_split(p, row_len)) continue;  // a safeguard: rows of a group share their last split
-    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
-      float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
-                                    s.h0 * s.rep) * (d + 2);
-      for (int64_t jj = 0; jj < s.per_row; ++jj, record += d + 2) {
-        const int64_t j = r * s.per_row + jj;
-        record[0] = s.running_max[j];
-        record[1] = s.running_sum[j];
-        std::copy_n(s.acc + j * d, d, record + 2);
-      }
-      continue;
-    }
-    float* out = p.out + ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
-    for (int64_t jj = 0; jj < s.per_row; ++jj) {
-      const int64_t j = r * s.per_row + jj;
-      const float inverse = s.running_sum[j] > 0.f ? 1.f / s.running_sum[j] : 0.f;  // empty context: zeros
-#pragma omp simd
-      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = s.acc[j * d + e] * inverse;
-    }
-  }
-}
-
-// Attention of `num_rows` consecutive query rows b, b + 1, ... of one request (one row for a plain decode; a row per
-// position for a decode verifying drafts) over their contexts, for the query heads that read KV heads [h0, h1):
-// query head `jj` of the item (global head h0 * rep + jj) reads KV head h0 + jj / rep. The rows share their blocks
-// and their context lengths do not decrease, so each tile of K/V rows comes from memory once for all of them (and
-// for the `rep` query heads of each KV head); every row gets exactly the numbers it gets alone: the same tiles, in
-// the same order, each row stopping at its own length. kD > 0 fixes head_dim at compile time; 0 reads it from the
-// problem. The loops over query heads keep a runtime trip count on purpose: with everything constant, GCC
-// vectorises across rows with gathers, which is far slower.
-template <typename scalar_t, int64_t kD>
-void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, int64_t num_rows, int64_t h0,
-                 int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
-  ItemState s(p, b, num_rows, h0, h1, scratch);
-  const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
-  // The row's new K/V, when this item writes them (see Problem::writes_own_row): an item that streams writes them
-  // right after streaming in the chunk that holds them, so the stores hit lines already in cache; one that does not
-  // stream writes them first.
-  bool write_pending = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
-  const auto write_own_row = [&] {
-    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
-    write_pending = false;
-  };
-  // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
-  // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
-  const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
-  const int64_t end = split_end(p, context_len, split);
-  const int32_t* blocks = p.block_table + p.block_offsets[b];
-  // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
-  // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes. A staggered
-  // item's first chunk is half a chunk long (see `run`); chunks never change the numbers, only when bytes are read.
-  const bool whole_rows = s.num_kv == p.num_kv_heads;
-  const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
-  const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
-  int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
-  int64_t streamed = first;  // positions before this are in cache
-  for (int64_t start = first; start < end; start += kTile) {
-    const int64_t n = std::min(kTile, end - start);
-    if (whole_rows && start >= streamed) {
-      streamed = std::min(end, start + (start == first ? lead : chunk));
-      if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
-      stream_in(p, blocks, keys, values, start, streamed);
-      if (write_pending && streamed == end) write_own_row();
-    }
-    if (write_pending && !whole_rows) write_own_row();
-    row_offsets(p, blocks, h0, start, n, offsets);
-    const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
-    row_offsets(p, blocks, h0, start + kTile, num_next, next);
-    for (int64_t r = 0; r < num_rows; ++r) {
-      const int64_t n_row = std::min(n, p.context_lens[b + r] - start);  // this row's positions in the tile
-      // The first row's phases prefetch the next tile; the others read this tile again, from cache.
-      if (n_row > 0) {
-        attend_tile<scalar_t, kD>(p, s, keys, values, r, offsets, n_row, next, r == 0 ? num_next : 0);
-      }
-    }
-  }
-  write_rows(p, s, split);
-}
-
-// Which rows the items write themselves (see Problem::writes_own_row): a row alone in its run whose slot is its
-// context's last position. The rest are listed in `prewritten`.
-std::vector<uint8_t> plan_writes(const Problem& p, int64_t batch, std::vector<int64_t>& prewritten) {
-  std::vector<uint8_t> own(batch, 0);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = p.context_lens[b];
-    bool alone = len > 0 && !continues_run(p, b) && !(b + 1 < batch && continues_run(p, b + 1));
-    if (alone) {
-      const int64_t last = len - 1, block = p.block_table[p.block_offsets[b] + last / p.block_size];
-      alone = p.new_rows->slots[b] == block * p.block_size + last % p.block_size;
-    }
-    own[b] = alone;
-    if (!alone) prewritten.push_back(b);
-  }
-  return own;
-}
+using namespace radixlm_attention;  // the plan, the work item, the merge of splits
 
 template <typename scalar_t, int64_t kD>
-void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch) {
+void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num_blocks) {
   int64_t num_positions = 0;
   std::vector<int64_t> partial_offsets(batch), merged_rows;
   int64_t num_records = 0;
@@ -234,13 +66,18 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch) {
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_bytes / kMinBytesPerThread));
   const std::vector<Item> items = plan_items(p, batch, num_threads);
   const int64_t num_items = static_cast<int64_t>(items.size()), num_merged = static_cast<int64_t>(merged_rows.size());
-  std::vector<int64_t> prewritten;
   std::vector<uint8_t> writes_own_row;
   if (p.new_rows != nullptr) {
-    writes_own_row = plan_writes(p, batch, prewritten);
+    // Rows that other rows read are written here, in row order (a repeated slot keeps the last row's, as write_kv),
+    // before any item starts.
+    writes_own_row = plan_writes(p, batch, num_blocks);
+    for (int64_t b = 0; b < batch; ++b) {
+      if (!writes_own_row[b]) {
+        radixlm_kv::write_row(keys, values, *p.new_rows, b, 0, p.num_kv_heads, p.num_kv_heads, p.head_dim);
+      }
+    }
     p.writes_own_row = writes_own_row.data();
   }
-  const int64_t num_prewritten = static_cast<int64_t>(prewritten.size());
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {
@@ -249,13 +86,6 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch) {
     // than coincide: while one computes from cache, the other has the memory to itself. Items of equal size keep the
     // offset. 64 x 256 positions: 1.06-1.10x -> 1.03-1.06x the read of the same bytes; 64 x 1,024: 1.22x -> 1.14x.
     bool stagger = omp_get_thread_num() % 2 == 1;
-    if (num_prewritten > 0) {  // rows other items may read: all written before any item starts (the barrier)
-#pragma omp for schedule(static)
-      for (int64_t k = 0; k < num_prewritten; ++k) {
-        radixlm_kv::write_row(keys, values, *p.new_rows, prewritten[k], 0, p.num_kv_heads, p.num_kv_heads,
-                              p.head_dim);
-      }
-    }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < num_items; ++k) {
       const Item& item = items[k];
@@ -270,14 +100,15 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch) {
 
 template <typename scalar_t>
 void dispatch_head_dim(const Problem& p, at::Tensor& key_cache, at::Tensor& value_cache, int64_t batch) {
+  const int64_t num_blocks = key_cache.size(0) / p.block_size;
   scalar_t* keys = key_cache.data_ptr<scalar_t>();
   scalar_t* values = value_cache.data_ptr<scalar_t>();
   if (p.head_dim == 64) {
-    run<scalar_t, 64>(p, keys, values, batch);
+    run<scalar_t, 64>(p, keys, values, batch, num_blocks);
   } else if (p.head_dim == 128) {
-    run<scalar_t, 128>(p, keys, values, batch);
+    run<scalar_t, 128>(p, keys, values, batch, num_blocks);
   } else {
-    run<scalar_t, 0>(p, keys, values, batch);
+    run<scalar_t, 0>(p, keys, values, batch, num_blocks);
   }
 }
 

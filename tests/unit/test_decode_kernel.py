@@ -186,17 +186,21 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
 
 
 # More mixes for the kernel's own K/V writes: many plain decodes (each item writes its own row), one long decode
-# cut into splits and into single-head items, and a decode whose slot is not its last position (written before any
-# item starts, like the rows of a verification).
-WRITE_MIXES = [*REQUEST_MIXES, [(200 + 13 * i, 1) for i in range(20)], [(1300, 1)], [(90, 1), (50, 1)]]
+# cut into splits and into single-head items, a verification whose first row ends a split (its rows are not one run
+# of items, yet read each other's new positions), and a decode whose slot is not its last position (written before
+# any item starts, like the rows of a verification).
+WRITE_MIXES = [*REQUEST_MIXES, [(200 + 13 * i, 1) for i in range(20)], [(1300, 1)], [(766, 3), (40, 1)],
+               [(90, 1), (50, 1)]]
 
 
+@pytest.mark.parametrize("sliding_window", [None, 40])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize("requests", WRITE_MIXES)
-def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_dtype):
+def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_dtype, sliding_window):
     """Given the step's new K/V, the kernel leaves the caches exactly as `write_kv` does and attends the same bits as
-    `write_kv` followed by the kernel, whichever items write which rows."""
+    `write_kv` followed by the kernel, whichever items write which rows (with a sliding window no rows are grouped,
+    but a verification's rows still read each other's new positions)."""
     block_size, head_dim, num_heads = 16, 64, 3 * NUM_KV_HEADS
     rng = random.Random(len(requests))
     num_blocks = 800
@@ -223,9 +227,9 @@ def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_d
     try:
         separate = [c.clone() for c in caches]
         write_kv(*separate, slot_mapping, keys, values)
-        expected = paged_decode_attention(query, *separate, decode_tables, head_dim ** -0.5, None, None)
+        expected = paged_decode_attention(query, *separate, decode_tables, head_dim ** -0.5, sliding_window, None)
         fused = [c.clone() for c in caches]
-        out = paged_decode_attention(query, *fused, decode_tables, head_dim ** -0.5, None, None,
+        out = paged_decode_attention(query, *fused, decode_tables, head_dim ** -0.5, sliding_window, None,
                                      (slot_mapping, keys, values))
     finally:
         torch.set_num_threads(previous)
@@ -278,6 +282,41 @@ def test_bad_tables_raise_instead_of_reading_out_of_bounds():
            one, torch.tensor([3], dtype=torch.int32), 16, 0.1, 0, 0.0)
 
 
+def test_rows_that_share_blocks_out_of_order_are_written_before_they_are_read():
+    """Two rows over one table with falling lengths are two runs of items, and the first row's new slot is in a
+    block the second reads: the kernel must write it before either item starts, even on one thread."""
+    block_size, head_dim = 16, 64
+    table = [3, 1, 4, 0, 5, 2, 6]
+    lengths = [101, 100]
+    slots = torch.tensor([table[(n - 1) // block_size] * block_size + (n - 1) % block_size for n in lengths])
+    torch.manual_seed(5)
+    caches = [torch.randn(8 * block_size, NUM_KV_HEADS, head_dim) for _ in range(2)]
+    query = torch.randn(2, 3 * NUM_KV_HEADS, head_dim)
+    keys, values = torch.randn(2, 2, NUM_KV_HEADS, head_dim)
+    tables = DecodeTables.build([table, list(table)], lengths, block_size)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        separate = [c.clone() for c in caches]
+        write_kv(*separate, slots, keys, values)
+        expected = paged_decode_attention(query, *separate, tables, 0.125, None, None)
+        out = paged_decode_attention(query, *caches, tables, 0.125, None, None, (slots, keys, values))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(out, expected)
+
+
+def test_a_nan_query_gives_a_nan_row_and_spares_the_others():
+    block_size, head_dim = 16, 64
+    caches = [torch.randn(8 * block_size, NUM_KV_HEADS, head_dim) for _ in range(2)]
+    query = torch.randn(3, 3 * NUM_KV_HEADS, head_dim)
+    query[1, 0, 5] = float("nan")
+    tables = DecodeTables.build([[0, 1], [2, 3], [4, 5]], [20, 32, 7], block_size)
+    out = paged_decode_attention(query, *caches, tables, 0.125, None, None)
+    assert out[1, 0].isnan().all()  # as SDPA: a NaN query's head comes out NaN
+    assert not out[1, 1:].isnan().any() and not out[0].isnan().any() and not out[2].isnan().any()
+
+
 def test_bad_new_rows_raise():
     op = torch.ops.radixlm.paged_decode_attention
     query, cache = torch.zeros(1, 2, 64), torch.zeros(64, 2, 64)
@@ -300,9 +339,10 @@ def test_op_is_opaque_to_torch_compile():
 
     with FakeTensorMode():
         query = torch.empty(3, 6, 64)
-        cache = torch.empty(64, 2, 64)
+        key_cache, value_cache = torch.empty(64, 2, 64), torch.empty(64, 2, 64)
         lens = torch.empty(3, dtype=torch.int32)
-        out = torch.ops.radixlm.paged_decode_attention(query, cache, cache, lens, lens, lens, 16, 0.125, 0, 0.0)
+        out = torch.ops.radixlm.paged_decode_attention(query, key_cache, value_cache, lens, lens, lens, 16, 0.125, 0,
+                                                       0.0)
     assert out.shape == (3, 6, 64)
 
 
