@@ -135,7 +135,8 @@ inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* 
     __m512 total = _mm512_setzero_ps();
     for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {
       const __mmask16 valid = v + 1 == num_vectors ? last : 0xFFFF;
-      const __m512 w = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s + j * kTile + 16 * v), max)));
+      const __m512 logits = _mm512_loadu_ps(s + j * kTile + 16 * v);
+      const __m512 w = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(logits, max)));
       _mm512_storeu_ps(s + j * kTile + 16 * v, w);
       total = _mm512_add_ps(total, w);
     }
