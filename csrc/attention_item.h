@@ -64,7 +64,10 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
     score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
   }
 #if defined(__AVX512F__)
-  if (p.softcap <= 0.f && d % 16 == 0) {
+  if (d % 16 == 0) {
+    if (p.softcap > 0.f) {
+      for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) soft_cap(s.scores + j * kTile, n, p.softcap);
+    }
     for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
       softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
                     s.running_sum + j, s.acc + j * d, d);
@@ -127,14 +130,10 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
                  int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
   const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
-  // The row's new K/V, when this item writes them (see Problem::writes_own_row): an item that streams writes them
-  // right after streaming in the chunk that holds them, so the stores hit lines already in cache; one that does not
-  // stream writes them first.
-  bool write_pending = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
-  const auto write_own_row = [&] {
-    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
-    write_pending = false;
-  };
+  // Whether this item writes the row's new K/V (see Problem::writes_own_row): an item that streams writes them
+  // right after streaming in the last chunk, which holds them, so the stores hit lines already in cache; one that
+  // does not stream writes them first.
+  const bool writes_row = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
   // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
   // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
   const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
@@ -147,6 +146,9 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
   const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
   const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
   int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
+  if (writes_row && !whole_rows) {
+    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+  }
   int64_t streamed = first;  // positions before this are in cache
   for (int64_t start = first; start < end; start += kTile) {
     const int64_t n = std::min(kTile, end - start);
@@ -154,9 +156,10 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
       streamed = std::min(end, start + (start == first ? lead : chunk));
       if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
       stream_in(p, blocks, keys, values, start, streamed);
-      if (write_pending && streamed == end) write_own_row();
+      if (writes_row && streamed == end) {
+        radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+      }
     }
-    if (write_pending && !whole_rows) write_own_row();
     row_offsets(p, blocks, h0, start, n, offsets);
     const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
     row_offsets(p, blocks, h0, start + kTile, num_next, next);

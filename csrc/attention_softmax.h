@@ -56,39 +56,17 @@ inline __m512 exp16_nonpositive(__m512 x) {
 }
 #endif
 
+// Soft-caps one head's logits of a tile: s = tanh(s / softcap) * softcap.
+inline void soft_cap(float* s, int64_t n, float softcap) {
+  for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
+}
+
 // Turns one tile of logits `s[0..n)` of one query head into weights against the running max and sum (soft-capping
-// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max.
+// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max. The plain
+// loops, for a head_dim that is not a multiple of 16 or a host without AVX-512 (else `softmax_heads`).
 inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& running_max, float& running_sum,
                          float* __restrict acc, int64_t d) {
-  if (softcap > 0.f) {
-    for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
-  }
-#if defined(__AVX512F__)
-  if (n == kTile && d % 16 == 0) {  // a whole tile in vectors: the generic loops took 1.6x as long
-    static_assert(kTile % 16 == 0, "the whole-tile path holds a tile in whole vectors");
-    constexpr int64_t kVectors = kTile / 16;
-    __m512 logits[kVectors];
-    __m512 top = _mm512_loadu_ps(s);
-    for (int64_t v = 0; v < kVectors; ++v) {
-      logits[v] = _mm512_loadu_ps(s + 16 * v);
-      top = _mm512_max_ps(top, logits[v]);
-    }
-    const float tile_max = std::max(running_max, _mm512_reduce_max_ps(top));
-    const __m512 max = _mm512_set1_ps(tile_max);
-    __m512 total = _mm512_setzero_ps();
-    for (int64_t v = 0; v < kVectors; ++v) {
-      const __m512 weights = exp16_nonpositive(_mm512_sub_ps(logits[v], max));
-      _mm512_storeu_ps(s + 16 * v, weights);
-      total = _mm512_add_ps(total, weights);
-    }
-    const float correction = exp_nonpositive(running_max - tile_max);
-    running_sum = running_sum * correction + _mm512_reduce_add_ps(total);
-    running_max = tile_max;
-    const __m512 scale = _mm512_set1_ps(correction);
-    for (int64_t e = 0; e < d; e += 16) _mm512_storeu_ps(acc + e, _mm512_mul_ps(_mm512_loadu_ps(acc + e), scale));
-    return;
-  }
-#endif
+  if (softcap > 0.f) soft_cap(s, n, softcap);
   float tile_max = running_max;
 #pragma omp simd reduction(max : tile_max)
   for (int64_t i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
@@ -106,11 +84,12 @@ inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& r
 }
 
 #if defined(__AVX512F__)
-// softmax_tile for the query heads [0, count) (count <= 16) of one tile of n <= kTile positions, with no soft-cap and
-// d a multiple of 16: the per-head scalar steps (the new max, the correction, the sums) run as one vector across the
-// heads, so that their latencies overlap (about 30% off the phase). Lanes past n weigh 0.
+// softmax_tile for the query heads [0, count) (count <= 16) of one tile of n <= kTile positions (soft-capped
+// already) and d a multiple of 16: the per-head scalar steps (the new max, the correction, the sums) run as one
+// vector across the heads, so that their latencies overlap (about 30% off the phase). Lanes past n weigh 0.
 inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* __restrict running_max,
                           float* __restrict running_sum, float* __restrict acc, int64_t d) {
+  static_assert(kTile % 16 == 0, "a tile is whole vectors");
   constexpr int64_t kVectors = kTile / 16;
   const int64_t num_vectors = (n + 15) / 16;
   const __mmask16 last = static_cast<__mmask16>(0xFFFFu >> (16 * num_vectors - n));  // valid lanes of the last

@@ -25,14 +25,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <immintrin.h>
-#include <limits>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "attention_item.h"

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from radixlm.model.decode_kernel import NewRows, paged_decode_attention, write_kv
+from radixlm.model.decode_kernel import NewRows, kernel_takes_rows, paged_decode_attention, write_kv
 from radixlm.model.input_batch import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Avoid "sdpa", "flash", "flex" and "paged|" in the name: transformers gives those names special treatment.
@@ -41,7 +41,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     queries = query[0]  # [Hq, T, D]
     decode = radix_attn.decode
     if (decode is not None and decode.tables is not None and not radix_attn.prefills and decode.rows_are_prefix
-            and len(decode.context_lens) == queries.shape[1] and _kernel_can_write(new_keys, new_values)):
+            and len(decode.context_lens) == queries.shape[1] and kernel_takes_rows(new_keys, new_values)):
         # Every row decodes (the usual step): the kernel writes the new K/V itself, and its output is the whole
         # output, no copy.
         out = _decode_kernel(queries.transpose(0, 1), key_cache, value_cache, decode, scaling, sliding_window,
@@ -59,11 +59,6 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
         _attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scaling,
                         sliding_window, softcap)
     return output[None], None
-
-
-def _kernel_can_write(new_keys: torch.Tensor, new_values: torch.Tensor) -> bool:
-    """Whether the C++ op takes these rows as they are (what `write_kv` checks before its own C++ path)."""
-    return all(rows.dtype == torch.float32 and rows.stride(-1) == 1 for rows in (new_keys, new_values))
 
 
 def _attend_decodes_kernel(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,

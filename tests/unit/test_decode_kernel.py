@@ -137,6 +137,20 @@ REQUEST_MIXES = [[(100, 1), (29, 17), (62, 5), (300, 9), (7, 1)], [(700, 17)], [
                  [(760, 17), (1030, 2)], [(40 + 37 * i, 3) for i in range(9)]]
 
 
+def _mix_tables(requests: list[tuple[int, int]], num_blocks: int, block_size: int,
+                rng: random.Random) -> tuple[list[int], list[list[int]], list[int]]:
+    """Context lengths and block tables of a request mix, a row per (start, number of rows) position: the rows of
+    one request share one table object (scattered blocks). Also returns the blocks left free."""
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    lengths, tables = [], []
+    for start, num_rows in requests:
+        table = [free.pop() for _ in range(-(-(start + num_rows) // block_size))]
+        lengths.extend(start + j + 1 for j in range(num_rows))
+        tables.extend([table] * num_rows)
+    return lengths, tables, free
+
+
 @pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("sliding_window", [None, 40])
 @pytest.mark.parametrize("num_threads", [1, 2])
@@ -151,15 +165,8 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
     torch.manual_seed(1)
     cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
     cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    lengths, shared, separate = [], [], []
-    for start, num_rows in requests:
-        table = [free.pop() for _ in range(-(-(start + num_rows) // block_size))]
-        for j in range(num_rows):
-            lengths.append(start + j + 1)
-            shared.append(table)
-            separate.append(list(table))  # equal lists, distinct objects: a table each
+    lengths, shared, _ = _mix_tables(requests, num_blocks, block_size, rng)
+    separate = [list(table) for table in shared]  # equal lists, distinct objects: a table each
     query = torch.randn(len(lengths), num_heads, head_dim)
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
@@ -204,16 +211,9 @@ def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_d
     block_size, head_dim, num_heads = 16, 64, 3 * NUM_KV_HEADS
     rng = random.Random(len(requests))
     num_blocks = 800
-    free = list(range(num_blocks))
-    rng.shuffle(free)
-    lengths, tables, slots = [], [], []
-    for start, num_rows in requests:
-        table = [free.pop() for _ in range(-(-(start + num_rows) // block_size))]
-        for j in range(num_rows):
-            position = start + j
-            lengths.append(position + 1)
-            tables.append(table)
-            slots.append(table[position // block_size] * block_size + position % block_size)
+    lengths, tables, free = _mix_tables(requests, num_blocks, block_size, rng)
+    slots = [table[(n - 1) // block_size] * block_size + (n - 1) % block_size
+             for n, table in zip(lengths, tables, strict=True)]
     if requests == WRITE_MIXES[-1]:
         slots[1] = free.pop() * block_size + 3  # not its last position: no item may own the write
     torch.manual_seed(4)
