@@ -45,25 +45,39 @@ inline void read_lines(const char* const (&runs)[kRuns], int64_t bytes) {
   for (int64_t r = 0; r < kRuns; ++r) asm volatile("" : : "r"(sink[r]));
 }
 
-// Brings the K and V blocks that hold positions [start, stop) of a request (its blocks at `blocks`) into cache:
-// block k of the chunk's first half together with block k of its second half, K and V of each. The blocks are read
+// Brings the K and V rows of positions [start, stop) of a request (its blocks at `blocks`) into cache: whole block k
+// of the chunk's first half together with whole block k of its second half, K and V of each. The blocks are read
 // last to first (the prefetchers follow a descending stream as well), so the lines the first tiles need are the
 // freshest in cache when the arithmetic starts: 0.4 ms off the 64 x 256 step from cache (7.0 -> 6.6 ms), 2-4% from
-// memory. Whole blocks are read, so a chunk that starts or ends inside a block reads a little more than it attends
-// (never outside the block, which the block table vouches for).
+// memory. A block the chunk holds only part of (its first or last) is read for those positions only, on its own:
+// reading all of a last block that holds one position cost 7% of a 64 x 257 step.
 template <typename scalar_t>
 void stream_in(const Problem& p, const int32_t* blocks, const scalar_t* keys, const scalar_t* values, int64_t start,
                int64_t stop) {
-  const int64_t first_block = start / p.block_size, last_block = (stop - 1) / p.block_size;
-  const int64_t half = (last_block - first_block + 2) / 2;
-  const int64_t block_elements = p.block_size * p.num_kv_heads * p.head_dim;
-  const int64_t block_bytes = block_elements * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t bs = p.block_size, first_block = start / bs, last_block = (stop - 1) / bs;
+  const int64_t row_bytes = p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t));
+  const int64_t block_bytes = bs * row_bytes, block_elements = bs * p.num_kv_heads * p.head_dim;
   const auto at = [&](const scalar_t* base, int64_t block) {
     return reinterpret_cast<const char*>(base + static_cast<int64_t>(blocks[block]) * block_elements);
   };
-  for (int64_t k = first_block + half - 1; k >= first_block; --k) {
+  // The lines of block k that hold positions of [start, stop), as K and V runs of their own.
+  const auto read_part = [&](int64_t k) {
+    const int64_t lo = std::max<int64_t>(start - k * bs, 0) * row_bytes / 64 * 64;
+    const int64_t hi = std::min(block_bytes, (std::min(stop - k * bs, bs) * row_bytes + 63) / 64 * 64);
+    const char* const runs[2] = {at(keys, k) + lo, at(values, k) + lo};
+    read_lines(runs, hi - lo);
+  };
+  const bool first_whole = start == first_block * bs, last_whole = stop == (last_block + 1) * bs;
+  if (first_block == last_block && !(first_whole && last_whole)) {
+    read_part(first_block);
+    return;
+  }
+  if (!last_whole) read_part(last_block);
+  const int64_t lo = first_whole ? first_block : first_block + 1, hi = last_whole ? last_block : last_block - 1;
+  const int64_t half = (hi - lo + 2) / 2;
+  for (int64_t k = lo + half - 1; k >= lo; --k) {
     const int64_t partner = k + half;
-    if (partner <= last_block) {
+    if (partner <= hi) {
       const char* const runs[4] = {at(keys, k), at(values, k), at(keys, partner), at(values, partner)};
       read_lines(runs, block_bytes);
     } else {
@@ -71,6 +85,7 @@ void stream_in(const Problem& p, const int32_t* blocks, const scalar_t* keys, co
       read_lines(runs, block_bytes);
     }
   }
+  if (!first_whole) read_part(first_block);
 }
 
 }  // namespace radixlm_attention
