@@ -32,6 +32,7 @@
 #include "attention_item.h"
 #include "attention_plan.h"
 #include "attention_softmax.h"
+#include "paged_attention.h"
 
 namespace {
 
@@ -125,6 +126,10 @@ void check_tables(const at::Tensor& block_table, const at::Tensor& block_offsets
   }
 }
 
+}  // namespace
+
+namespace radixlm {
+
 // With slot_mapping, new_keys and new_values (all or none), the op first writes each row's new K/V, as write_kv
 // does, then attends: one call per layer instead of two when every row of a step decodes.
 at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache, at::Tensor value_cache,
@@ -176,7 +181,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache,
   return out;
 }
 
-}  // namespace
+}  // namespace radixlm
 
 TORCH_LIBRARY(radixlm, m) {
   m.def("paged_decode_attention(Tensor query, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_table, "
@@ -184,4 +189,4 @@ TORCH_LIBRARY(radixlm, m) {
         "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_decode_attention", &radixlm::paged_decode_attention); }

@@ -1,6 +1,6 @@
 // The module radixlm._C. Importing it runs the dispatcher registrations of the other files (torch.ops.radixlm.*,
 // which torch.compile and the reference tests use); its own functions call the small-batch linear kernels, the
-// RMSNorm and the rotary embedding directly.
+// RMSNorm, the rotary embedding and the decode attention directly.
 //
 // Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each and 61
 // norms of a few, and a call through torch.ops parses its arguments against the schema and boxes them, about 1-2
@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "linear.h"
+#include "paged_attention.h"
 #include "rms_norm.h"
 #include "rotary.h"
 
@@ -107,6 +108,40 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                                [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
 }
 
+// decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens,
+// slot_mapping, block_size, scale, sliding_window, softcap): one attention layer of a step in which every row
+// decodes, from the tensors transformers passes (query [1, Hq, T, D], the new key and value [1, Hkv, T, D]) to
+// [1, T, Hq, D]: the views the op needs are taken here, then torch.ops.radixlm.paged_decode_attention runs without
+// the dispatcher, writing the new K/V at slot_mapping first.
+PyObject* decode_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr Py_ssize_t kTensors = 9;
+  if (!check_count("decode_attention", kTensors + 4, nargs)) return nullptr;
+  std::array<c10::optional<at::Tensor>, kTensors> t;
+  for (Py_ssize_t i = 0; i < kTensors; ++i) {
+    if (!tensor_arg(args, i, false, &t[i])) return nullptr;
+  }
+  const long long block_size = PyLong_AsLongLong(args[9]);
+  if (block_size == -1 && PyErr_Occurred()) return nullptr;
+  const double scale = PyFloat_AsDouble(args[10]);
+  if (scale == -1.0 && PyErr_Occurred()) return nullptr;
+  const long long sliding_window = PyLong_AsLongLong(args[11]);
+  if (sliding_window == -1 && PyErr_Occurred()) return nullptr;
+  const double softcap = PyFloat_AsDouble(args[12]);
+  if (softcap == -1.0 && PyErr_Occurred()) return nullptr;
+  return run_kernel([&] {
+    for (const auto& tensor : t) TORCH_CHECK(tensor->is_cpu(), "decode_attention takes CPU tensors");
+    for (int i = 0; i < 3; ++i) {
+      TORCH_CHECK(t[i]->dim() == 4 && t[i]->size(0) == 1, "query, key and value must be [1, H, T, D]");
+    }
+    // [1, H, T, D] -> [T, H, D] views: the op takes any strides with D contiguous.
+    const auto rows = [](const at::Tensor& x) { return x.select(0, 0).transpose(0, 1); };
+    const at::Tensor keys = rows(*t[1]), values = rows(*t[2]);
+    return radixlm::paged_decode_attention(rows(*t[0]), *t[3], *t[4], *t[5], *t[6], *t[7], block_size, scale,
+                                           sliding_window, softcap, t[8], keys, values)
+        .unsqueeze(0);
+  });
+}
+
 PyMethodDef methods[] = {
     {"small_batch_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_linear)),
      METH_FASTCALL, "small_batch_linear(x, weight, bias): torch.ops.radixlm.small_batch_linear without the dispatcher"},
@@ -118,6 +153,10 @@ PyMethodDef methods[] = {
      "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
     {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
+    {"decode_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(decode_attention)), METH_FASTCALL,
+     "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
+     "slot_mapping, block_size, scale, sliding_window, softcap): one decode layer through "
+     "torch.ops.radixlm.paged_decode_attention, without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };
 

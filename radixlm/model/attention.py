@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from radixlm.model.decode_kernel import NewRows, kernel_takes_rows, paged_decode_attention, write_kv
+from radixlm.model.decode_kernel import (
+    NewRows,
+    decode_layer,
+    kernel_takes_rows,
+    paged_decode_attention,
+    write_kv,
+)
 from radixlm.model.input_batch import AttentionMetadata, DecodeGroup, PrefillSegment
 
 # Avoid "sdpa", "flash", "flex" and "paged|" in the name: transformers gives those names special treatment.
@@ -37,13 +43,20 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     layer = module.layer_idx
     key_cache = radix_attn.kv_cache.key_caches[layer]
     value_cache = radix_attn.kv_cache.value_caches[layer]
+    decode = radix_attn.decode
+    # Every row decodes (the usual step): the kernel writes the new K/V itself, and its output is the whole output.
+    every_row_decodes = (decode is not None and decode.tables is not None and not radix_attn.prefills
+                         and decode.rows_are_prefix and len(decode.context_lens) == query.shape[2])
+    if every_row_decodes:
+        assert decode is not None and decode.tables is not None
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = decode_layer(query, key, value, key_cache, value_cache, decode.tables, radix_attn.slot_mapping, scale,
+                           sliding_window, softcap)
+        if out is not None:
+            return out, None
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
     queries = query[0]  # [Hq, T, D]
-    decode = radix_attn.decode
-    if (decode is not None and decode.tables is not None and not radix_attn.prefills and decode.rows_are_prefix
-            and len(decode.context_lens) == queries.shape[1] and kernel_takes_rows(new_keys, new_values)):
-        # Every row decodes (the usual step): the kernel writes the new K/V itself, and its output is the whole
-        # output, no copy.
+    if every_row_decodes and kernel_takes_rows(new_keys, new_values):
         out = _decode_kernel(queries.transpose(0, 1), key_cache, value_cache, decode, scaling, sliding_window,
                              softcap, (radix_attn.slot_mapping, new_keys, new_values))
         return out[None], None

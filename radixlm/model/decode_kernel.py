@@ -38,8 +38,8 @@ def extension_error() -> str | None:
 
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/python_module.cpp: "small_batch_linear",
-    "small_batch_int8_linear", "rms_norm", "rotary"): the arguments and result of `torch.ops.radixlm.<name>`, without
-    the dispatcher. Needs the extension (see `extension_error`)."""
+    "small_batch_int8_linear", "rms_norm", "rotary": the arguments and result of `torch.ops.radixlm.<name>`, without
+    the dispatcher; "decode_attention", see `decode_layer`). Needs the extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -76,6 +76,27 @@ def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: t
         return
     key_cache.index_copy_(0, slot_mapping, keys.to(key_cache.dtype))
     value_cache.index_copy_(0, slot_mapping, values.to(value_cache.dtype))
+
+
+def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, tables: DecodeTables, slot_mapping: torch.Tensor, scale: float,
+                 sliding_window: int | None, softcap: float | None) -> torch.Tensor | None:
+    """One attention layer of a step in which every row decodes, in one C++ call from the tensors transformers passes:
+    query `[1, Hq, T, D]` and the new key/value `[1, Hkv, T, D]` -> `[1, T, Hq, D]`, the new K/V written at
+    `slot_mapping` first. It takes the direct entry point (`radixlm._C.decode_attention`: the op without the
+    dispatcher, and the views taken in C++; ~8 us a layer less) for float32 CPU tensors without autograd; None
+    otherwise, and the caller goes the general way."""
+    if (query.dtype != torch.float32 or not kernel_takes_rows(key, value) or key_cache.device.type != "cpu"
+            or torch.is_grad_enabled()):
+        return None
+    return _direct_decode_attention()(query, key, value, key_cache, value_cache, tables.block_table,
+                                      tables.block_offsets, tables.context_lens, slot_mapping, tables.block_size,
+                                      scale, sliding_window or 0, softcap or 0.0)
+
+
+@cache
+def _direct_decode_attention() -> Callable[..., torch.Tensor]:
+    return direct_kernel("decode_attention")
 
 
 def kernel_takes_rows(keys: torch.Tensor, values: torch.Tensor) -> bool:

@@ -9,6 +9,8 @@ from radixlm.core.step import ScheduledChunk, SchedulerOutput
 from radixlm.model.attention import paged_attention
 from radixlm.model.decode_kernel import (
     DecodeTables,
+    decode_layer,
+    direct_kernel,
     extension_error,
     paged_decode_attention,
     resolve_backend,
@@ -331,6 +333,57 @@ def test_bad_new_rows_raise():
         op(*args, torch.tensor([0, 1]), torch.zeros(2, 2, 64), torch.zeros(2, 2, 64))
     with pytest.raises(RuntimeError, match="keys/values must be"):
         op(*args, torch.tensor([0]), torch.zeros(1, 2, 32), rows)
+
+
+@pytest.mark.parametrize(("sliding_window", "softcap"), [(None, None), (24, 30.0)])
+def test_the_direct_decode_layer_gets_what_the_op_gets(sliding_window, softcap):
+    """decode_layer (one C++ call from transformers' [1, H, T, D] tensors) writes the same caches and returns the
+    same numbers as writing with write_kv and attending with the op."""
+    block_size, head_dim, rep = 16, 64, 3
+    lengths = [1, 17, 40, 100]
+    tables = [[8 * b + k for k in range(8)][:-(-n // block_size)] for b, n in enumerate(lengths)]
+    slots = torch.tensor([t[(n - 1) // block_size] * block_size + (n - 1) % block_size
+                          for t, n in zip(tables, lengths, strict=True)])
+    torch.manual_seed(7)
+    caches = [torch.randn(32 * block_size, NUM_KV_HEADS, head_dim) for _ in range(2)]
+    # As transformers hands them over: [1, H, T, D] views of [1, T, H, D] projections.
+    query = torch.randn(1, len(lengths), rep * NUM_KV_HEADS, head_dim).transpose(1, 2)
+    key, value = torch.randn(2, 1, len(lengths), NUM_KV_HEADS, head_dim).transpose(2, 3)
+    decode_tables = DecodeTables.build(tables, lengths, block_size)
+    separate = [c.clone() for c in caches]
+    write_kv(*separate, slots, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    expected = paged_decode_attention(query[0].transpose(0, 1), *separate, decode_tables, 0.125, sliding_window,
+                                      softcap)
+    with torch.no_grad():
+        out = decode_layer(query, key, value, *caches, decode_tables, slots, 0.125, sliding_window, softcap)
+    assert out is not None and out.shape == (1, len(lengths), rep * NUM_KV_HEADS, head_dim)
+    assert torch.equal(out[0], expected)
+    assert torch.equal(caches[0], separate[0]) and torch.equal(caches[1], separate[1])
+    # Where the direct call does not apply, the caller takes the general path.
+    assert decode_layer(query, key, value, *caches, decode_tables, slots, 0.125, None, None) is None  # grad on
+    with torch.no_grad():
+        assert decode_layer(query.bfloat16(), key, value, *caches, decode_tables, slots, 0.125, None, None) is None
+
+
+def test_the_direct_entry_rejects_bad_arguments():
+    direct = direct_kernel("decode_attention")
+    query, rows = torch.zeros(1, 2, 1, 64), torch.zeros(1, 2, 1, 64)
+    cache = torch.zeros(64, 2, 64)
+    table, one = torch.tensor([0], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    args = [query, rows, rows, cache, cache.clone(), table, table, one, torch.tensor([0]), 16, 0.1, 0, 0.0]
+    assert direct(*args).shape == (1, 1, 2, 64)
+    with pytest.raises(TypeError, match="takes 13 arguments"):
+        direct(*args[:-1])
+    with pytest.raises(TypeError, match="must be a tensor"):
+        direct(*args[:8], None, *args[9:])
+    with pytest.raises(TypeError):
+        direct(*args[:9], 16.5, *args[10:])
+    with pytest.raises(RuntimeError, match=r"\[1, H, T, D\]"):
+        direct(query[0], *args[1:])
+    with pytest.raises(RuntimeError, match="CPU tensors"):
+        direct(query.to("meta"), *args[1:])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        direct(*args[:8], torch.tensor([10**9]), *args[9:])
 
 
 def test_op_is_opaque_to_torch_compile():
