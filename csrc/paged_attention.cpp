@@ -130,8 +130,7 @@ void check_tables(const at::Tensor& block_table, const at::Tensor& block_offsets
 
 namespace radixlm {
 
-// With slot_mapping, new_keys and new_values (all or none), the op first writes each row's new K/V, as write_kv
-// does, then attends: one call per layer instead of two when every row of a step decodes.
+// The op; its contract is stated once, in paged_attention.h.
 at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache, at::Tensor value_cache,
                                   const at::Tensor& block_table, const at::Tensor& block_offsets,
                                   const at::Tensor& context_lens, int64_t block_size, double scale,

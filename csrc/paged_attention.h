@@ -7,9 +7,10 @@
 
 namespace radixlm {
 
-// query [B, Hq, D] float32 (D contiguous) over caches [num_slots, Hkv, D] (float32 or bfloat16) through the flat
-// block table -> [B, Hq, D]. With slot_mapping, new_keys and new_values (all or none; float32 [B, Hkv, D] rows, D
-// contiguous) it first writes each row's new K/V at its slot, as write_kv does. See paged_attention.cpp.
+// query [B, Hq, D] float32 (any strides; copied unless D is contiguous) over caches [num_slots, Hkv, D] (float32 or
+// bfloat16) through the flat block table -> [B, Hq, D]. With slot_mapping, new_keys and new_values (all or none;
+// float32 [B, Hkv, D] rows, D contiguous) it first writes each row's new K/V at its slot, as write_kv does: one call
+// per layer instead of two when every row of a step decodes. See paged_attention.cpp.
 at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache, at::Tensor value_cache,
                                   const at::Tensor& block_table, const at::Tensor& block_offsets,
                                   const at::Tensor& context_lens, int64_t block_size, double scale,
