@@ -1,9 +1,14 @@
 """Timers around the parts of an engine's step, for `radixlm bench step`.
 
-Forward hooks time every linear layer and the model's forward; the attention function registered with transformers
-is wrapped under its own name (so whatever backend the engine selected is what gets timed); the runner, the
-sampler and the scheduler calls are wrapped on their instances. Work on this CPU is synchronous, so wall-clock
-timers are honest; the hooks themselves add about a microsecond per linear call.
+Each linear layer's `forward` is wrapped on its instance, and forward hooks time the model's forward; the attention
+function registered with transformers is wrapped under its own name (so whatever backend the engine selected is what
+gets timed); the runner, the sampler and the scheduler calls are wrapped on their instances. Work on this CPU is
+synchronous, so wall-clock timers are honest.
+
+Why linears are wrapped rather than hooked: a module with hooks takes nn.Module's slow call path. Measured at batch 1
+on the default int8 model, with the probe kinds alternated step by step in one engine, hooks on the 121 linears made
+the step 0.5 ms longer and put about 0.2 ms of that hook dispatch inside the linears' timed windows (8% of their
+bound); wrapped, the step grew 0.07 ms and the linears' windows hold their forward alone.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ class StepProbe:
         self._restore: list[Callable[[], None]] = []
         model = engine.runner.model
         for module in linear_modules(model):
-            self._time_module(module, "linears")
+            self._wrap_attribute(module, "forward", "linears")
         self._time_module(model, "forward")
         self._wrap_attention(model.config._attn_implementation)
         self._wrap_attribute(engine.runner, "execute", "execute")

@@ -2,6 +2,9 @@
 
 from radixlm.bench.quality import bench_quality
 from radixlm.bench.step import StepGrid, bench_step
+from radixlm.bench.step_probe import StepProbe, linear_modules
+from radixlm.engine.llm_engine import build_engine
+from radixlm.sampling_params import SamplingParams
 
 
 def test_bench_step_reports_every_part(tiny_model_dir, capsys):
@@ -14,6 +17,21 @@ def test_bench_step_reports_every_part(tiny_model_dir, capsys):
         assert row.attention_bound_ms > 0 and row.linears_bound_ms > 0
     assert rows[1].attention_bound_ms > rows[0].attention_bound_ms  # three contexts read instead of one
     assert "| 3 | 48 | shared |" in capsys.readouterr().out
+
+
+def test_step_probe_times_each_linear_forward_and_leaves_the_model_as_it_found_it(tiny_model_dir):
+    engine = build_engine(model=str(tiny_model_dir("llama")), quantization="int8", num_kv_blocks=16)
+    engine.add_request("a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    modules = linear_modules(engine.runner.model)
+    probe = StepProbe(engine)
+    probe.step()
+    assert probe.totals["forward"] >= probe.totals["linears"] > 0
+    assert all("forward" in vars(module) and not module._forward_hooks for module in modules)  # wrapped, not hooked
+    probe.close()
+    assert not any("forward" in vars(module) for module in modules)
+    probe.reset()
+    engine.step()
+    assert not probe.totals
 
 
 def test_bench_quality_of_the_reference_against_itself_and_of_int8(tiny_model_dir):
