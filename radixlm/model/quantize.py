@@ -28,7 +28,7 @@ from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
 from radixlm.model.decode_kernel import direct_kernel
-from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, gather_int8_weights
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -103,4 +103,9 @@ def quantize_model(model: nn.Module, method: str, small_batch: bool | None = Non
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, Int8Linear.from_linear(linear, small_batch))
+    kernel_modules = [m for m in model.modules() if isinstance(m, Int8Linear) and m._small_batch is not None]
+    if kernel_modules:
+        gather_int8_weights([m._small_batch for m in kernel_modules])
+        for module in kernel_modules:
+            module._small_batch_args = module._small_batch.arguments(module.bias)
     return len(targets)

@@ -18,6 +18,9 @@ the same float rounding steps), so a row's output is bit-identical on either pat
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +34,7 @@ INT8_MAX_ROWS = 17
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_TILE_ROWS = 8  # csrc/linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
 INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
+HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 
 
 def int8_kernel_is_vectorized() -> bool:
@@ -117,3 +121,31 @@ class Int8Rows:
         """What the int8 kernel (`direct_kernel("small_batch_int8_linear")`) takes after x."""
         return self.weight, self.scales, self.sums, bias
 
+
+
+def huge_page_buffer(num_bytes: int) -> torch.Tensor:
+    """An uninitialised int8 tensor of `num_bytes` in anonymous memory, 2 MiB-aligned and advised for transparent
+    huge pages (where the kernel has them off, it stays on 4 KiB pages and works the same)."""
+    # Private: shared anonymous memory is shmem, whose huge pages are a separate setting (off by default).
+    mapping = mmap.mmap(-1, num_bytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or a kernel without THP
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(mapping, dtype=torch.int8)  # keeps `mapping` alive
+    start = -whole.data_ptr() % HUGE_PAGE_BYTES
+    return whole[start:start + num_bytes]
+
+
+def gather_int8_weights(rows: list[Int8Rows]) -> None:
+    """Move the int8 kernel's weights of `rows` into one huge-page buffer, in the order given (the forward's).
+
+    A batch-1 step streams every weight once, ~121 tensors on the default model: on 4 KiB pages that is a TLB miss
+    every 4 KiB. In one engine, alternating step by step between these weights and per-tensor copies, the int8 linears
+    took 5-7% less (3.81 -> 3.54, 3.79 -> 3.53, 3.70 -> 3.51 ms a step, three processes) and the step 0.2-0.3 ms
+    less. A plain read of the weights gains a little too, so their ratio to that bound moves less (1.34 -> 1.30)."""
+    buffer = huge_page_buffer(sum(r.weight.numel() for r in rows))
+    offset = 0
+    for r in rows:
+        view = buffer[offset:offset + r.weight.numel()].view(r.weight.shape)
+        view.copy_(r.weight)
+        r.weight = view
+        offset += r.weight.numel()

@@ -25,6 +25,26 @@ def test_quantize_model_replaces_every_linear_and_keeps_the_embedding(tmp_path):
     assert logits.shape == (1, 3, model.config.vocab_size) and torch.isfinite(logits).all()
 
 
+def test_the_kernel_weights_are_gathered_into_one_buffer_and_compute_the_same(tmp_path):
+    model_dir = build_tiny_model("llama", tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    loose = {name: Int8Linear.from_linear(m) for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    quantize_model(model, "int8")
+    gathered = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Linear)]
+    if gathered[0][1]._small_batch is None:
+        pytest.skip("the int8 kernel is not built or not vectorised here")
+    weights = [m._small_batch.weight for _, m in gathered]
+    base = weights[0].data_ptr()
+    assert base % (2 << 20) == 0
+    assert all(w.untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr() for w in weights)
+    assert [w.data_ptr() - base for w in weights] == [sum(v.numel() for v in weights[:i]) for i in range(len(weights))]
+    for name, module in gathered:
+        assert module._small_batch_args[0] is module._small_batch.weight
+        x = torch.randn(2, module.in_features)
+        with torch.inference_mode():
+            assert torch.equal(module(x), loose[name](x))
+
+
 def test_int8_linear_is_close_and_row_independent():
     torch.manual_seed(0)
     linear = nn.Linear(96, 80)
