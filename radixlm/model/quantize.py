@@ -62,12 +62,16 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         # The kernel's arguments after x, gathered once: a forward makes ~120 of these calls at batch 1, where each
         # attribute lookup through nn.Module and each extra Python frame is a visible share of the call.
-        self._small_batch_args = None if self._small_batch is None else self._small_batch.arguments(self.bias)
+        self.refresh_kernel_arguments()
         self._small_batch_kernel = None if self._small_batch is None else direct_kernel("small_batch_int8_linear")
         range_row = torch.zeros(1, self.in_features)
         range_row[0, 0], range_row[0, -1] = 1.0, -1.0
         self.register_buffer("range_row", range_row, persistent=False)
         self.weight_bytes = weight.numel() + 4 * self.out_features  # int8 values + float32 scales
+
+    def refresh_kernel_arguments(self) -> None:
+        """Gather the small-batch kernel's arguments after x again (after its tensors move, or at construction)."""
+        self._small_batch_args = None if self._small_batch is None else self._small_batch.arguments(self.bias)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, small_batch: bool | None = None) -> Int8Linear:
@@ -107,5 +111,5 @@ def quantize_model(model: nn.Module, method: str, small_batch: bool | None = Non
     if kernel_modules:
         gather_int8_weights([m._small_batch for m in kernel_modules])
         for module in kernel_modules:
-            module._small_batch_args = module._small_batch.arguments(module.bias)
+            module.refresh_kernel_arguments()
     return len(targets)

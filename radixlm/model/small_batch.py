@@ -122,7 +122,6 @@ class Int8Rows:
         return self.weight, self.scales, self.sums, bias
 
 
-
 def huge_page_buffer(num_bytes: int) -> torch.Tensor:
     """An uninitialised int8 tensor of `num_bytes` in anonymous memory, 2 MiB-aligned and advised for transparent
     huge pages (where the kernel has them off, it stays on 4 KiB pages and works the same)."""
@@ -136,7 +135,8 @@ def huge_page_buffer(num_bytes: int) -> torch.Tensor:
 
 
 def gather_int8_weights(rows: list[Int8Rows]) -> None:
-    """Move the int8 kernel's weights of `rows` into one huge-page buffer, in the order given (the forward's).
+    """Move the int8 kernel's weights of `rows` into one huge-page buffer, back to back in the order given (the
+    model's module order keeps each layer's weights together).
 
     A batch-1 step streams every weight once, ~121 tensors on the default model: on 4 KiB pages that is a TLB miss
     every 4 KiB. In one engine, alternating step by step between these weights and per-tensor copies, the int8 linears
