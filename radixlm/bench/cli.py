@@ -18,6 +18,13 @@ def _cmd_attention(args: argparse.Namespace) -> None:
                     args.torch_repeats)
 
 
+def _cmd_evict(args: argparse.Namespace) -> None:
+    from radixlm.bench.evict import bench_evict
+
+    bench_evict([int(n) for n in args.num_blocks.split(",") if n], args.tokens_per_request, args.num_evictions,
+                args.workload_seed)
+
+
 def _cmd_offline(args: argparse.Namespace) -> None:
     from radixlm.bench.offline import bench_offline
     from radixlm.bench.workload import parse_range
@@ -147,6 +154,13 @@ def add_bench_commands(commands: Any) -> None:
     attention.add_argument("--torch-repeats", type=int, default=2, help="timed steps per torch case")
     attention.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
     attention.set_defaults(handler=_cmd_attention)
+
+    evict = kinds.add_parser("evict", help="radix cache eviction: its heap against a walk over every leaf")
+    evict.add_argument("--num-blocks", default="3000,30000,300000", help="comma-separated KV pool sizes")
+    evict.add_argument("--tokens-per-request", type=int, default=256, help="cached tokens per finished request")
+    evict.add_argument("--num-evictions", type=int, default=200, help="timed evict(1) calls per size")
+    evict.add_argument("--workload-seed", type=int, default=0)
+    evict.set_defaults(handler=_cmd_evict)
 
     offline = kinds.add_parser("offline", help="random workload: radixlm vs HF generate with static batches")
     offline.add_argument("--num-prompts", type=int, default=64)

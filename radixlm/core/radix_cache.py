@@ -8,7 +8,10 @@ parent's tokens in that block, so reading the child's block is right whether the
 on into the child.
 
 Lock references protect the nodes running requests use (a lock on a node counts on every ancestor); eviction takes
-least-recently-used unlocked leaves. Pure Python, no torch.
+least-recently-used unlocked leaves. They come from a heap kept as the tree changes, with an entry pushed whenever a
+node may have become an evictable leaf (touched, unlocked, or left childless by an eviction) and stale entries
+skipped when popped, so an eviction costs O(log n) per leaf instead of a walk over the whole tree. Pure Python, no
+torch.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ class RadixCache:
         self.num_evicted_blocks = 0
         self.num_nodes = 0  # below the root
         self.num_tokens = 0  # on all edges
+        # (last_access, push order, node): every unlocked leaf has an entry with its current last_access; entries
+        # whose node has since been touched, locked, given children or evicted are stale (see `_is_evictable`).
+        self._evictable: list[tuple[int, int, RadixNode]] = []
+        self._pushes = itertools.count()
 
     # -- lookups -----------------------------------------------------------------------------------------------
     def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
@@ -156,9 +163,11 @@ class RadixCache:
 
     def _touch(self, node: RadixNode) -> None:
         now = next(self._clock)
+        bottom = node
         while node is not None:
             node.last_access = now
             node = node.parent  # type: ignore[assignment]
+        self._push_if_evictable_leaf(bottom, now)  # the path's other nodes have a child on it
 
     def lock(self, node: RadixNode) -> None:
         while node is not None:
@@ -170,27 +179,46 @@ class RadixCache:
             if node.lock_ref <= 0:
                 raise ValueError(f"unlock of unlocked node {node}")
             node.lock_ref -= 1
+            self._push_if_evictable_leaf(node, node.last_access)
             node = node.parent  # type: ignore[assignment]
 
     def evict(self, num_blocks: int) -> int:
         """Drop least-recently-used unlocked leaves until `num_blocks` blocks return to the pool (or none are left);
         returns how many blocks were freed."""
         free_before = self.block_pool.num_free_blocks
-        heap = [(leaf.last_access, id(leaf), leaf) for leaf in self._leaves() if leaf.lock_ref == 0]
-        heapq.heapify(heap)
-        while heap and self.block_pool.num_free_blocks - free_before < num_blocks:
-            _, _, leaf = heapq.heappop(heap)
+        while self._evictable and self.block_pool.num_free_blocks - free_before < num_blocks:
+            access, _, leaf = heapq.heappop(self._evictable)  # (a push below may rebuild the list)
+            if not self._is_evictable(leaf, access):
+                continue
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.token_ids[0]]
+            leaf.parent = None  # detached: its remaining heap entries are stale
             self.block_pool.free(leaf.block_ids)
             self.num_nodes -= 1
             self.num_tokens -= len(leaf.token_ids)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+            self._push_if_evictable_leaf(parent, parent.last_access)
         freed = self.block_pool.num_free_blocks - free_before
         self.num_evicted_blocks += freed  # blocks returned to the pool (a shared boundary block may stay held)
         return freed
+
+    def _is_evictable(self, node: RadixNode, access: int) -> bool:
+        """Whether the heap entry `(access, _, node)` is current: `node` is an attached, unlocked leaf last used at
+        `access`."""
+        return (node.parent is not None and node.lock_ref == 0 and not node.children
+                and node.last_access == access)
+
+    def _push_if_evictable_leaf(self, node: RadixNode, access: int) -> None:
+        """Give `node` a heap entry when it is an unlocked leaf (the root never is: it holds a lock). Stale entries
+        pile up as nodes are touched; past twice the live nodes the heap is rebuilt from the tree, which keeps its
+        size O(nodes) at an amortized O(1) per push."""
+        if node.lock_ref or node.children:
+            return
+        heapq.heappush(self._evictable, (access, next(self._pushes), node))
+        if len(self._evictable) > 2 * self.num_nodes + 64:
+            self._evictable = [(leaf.last_access, next(self._pushes), leaf) for leaf in self._leaves()
+                               if leaf.lock_ref == 0]
+            heapq.heapify(self._evictable)
 
     def reset(self) -> None:
         """Drop every unlocked node (all of them when nothing is running)."""
@@ -230,3 +258,6 @@ class RadixCache:
             assert node.lock_ref >= sum(c.lock_ref for c in node.children.values()), f"{node} lock below children"
             for block_id in node.block_ids:
                 assert self.block_pool.ref_count(block_id) > 0, f"{node} holds free block {block_id}"
+        current = {id(node) for access, _, node in self._evictable if self._is_evictable(node, access)}
+        evictable = {id(node) for node in nodes if node.lock_ref == 0 and not node.children}
+        assert current == evictable, "the eviction heap misses an unlocked leaf"

@@ -5,11 +5,14 @@ sequence up to p. Requests write their computed positions into their slots; a pr
 contents in the blocks it is given (after the copy-on-write copies), and no shared slot may ever be overwritten.
 """
 
+import copy
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixlm.bench.evict import bench_evict, evict_by_full_scan, tree_of
 from radixlm.core.block_pool import BlockPool
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.radix_cache import RadixCache
@@ -82,6 +85,28 @@ def test_manager_copies_partial_block_and_shares_full_ones():
     kv.check_invariants([first, second])
 
 
+def test_eviction_order_survives_touches_locks_and_splits():
+    pool, cache = make_cache(num_blocks=12)
+    for tokens in ([1] * 8, [1] * 4 + [2] * 4, [3] * 8):
+        blocks = pool.allocate(2)
+        cache.insert(tokens, blocks)
+        pool.free(blocks)
+    cache.match_prefix([1] * 6)  # splits [1]*8 after 4 tokens (inside no block): the upper part is a new node
+    held = cache.match_prefix([3] * 8).node
+    cache.lock(held)
+    scanned = copy.deepcopy(cache)
+    assert (cache.evict(1), tree_of(cache)) == (evict_by_full_scan(scanned, 1), tree_of(scanned))
+    cache.unlock(held)
+    for step in range(500):  # each touch leaves a stale entry behind: the heap is rebuilt, never larger than that
+        cache.match_prefix([[1] * 8, [1] * 4 + [2] * 4, [3] * 8][step % 3])
+        assert len(cache._evictable) <= 2 * cache.num_nodes + 65
+    cache.check_invariants()
+    scanned = copy.deepcopy(cache)
+    assert (cache.evict(12), tree_of(cache)) == (evict_by_full_scan(scanned, 12), tree_of(scanned))
+    assert cache.num_nodes == 0
+    cache.check_invariants()
+
+
 def content(tokens, position):
     return hash(tuple(tokens[:position + 1]))
 
@@ -142,7 +167,10 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(num_blocks=st.integers(1, 20))
     def evict(self, num_blocks):
-        self.kv.radix_cache.evict(num_blocks)
+        cache = self.kv.radix_cache
+        scanned = copy.deepcopy(cache)
+        freed = evict_by_full_scan(scanned, num_blocks)
+        assert (cache.evict(num_blocks), tree_of(cache)) == (freed, tree_of(scanned)), "not the full scan's eviction"
 
     @invariant()
     def consistent(self):
@@ -164,3 +192,10 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_bench_evict_compares_the_heap_with_the_full_scan_on_the_same_tree(capsys):
+    bench_evict([600, 2000], tokens_per_request=96, num_evictions=20, seed=0)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 600 ") or
+            line.startswith("| 2000 ")]
+    assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
