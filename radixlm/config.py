@@ -47,6 +47,8 @@ def parse_json_object(value: str | dict[str, object], name: str) -> dict[str, ob
             value = json.loads(value)
         except json.JSONDecodeError as error:
             raise ValueError(f"{name} is not valid JSON: {error}") from None
+        except RecursionError:  # nesting beyond the parser's recursion limit
+            raise ValueError(f"{name} is nested too deeply") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
     return value
@@ -176,9 +178,19 @@ class SchedulerConfig:
         "write one JSON line per arrival, step and finish to this file (radixlm replay / trace read it)"))
     max_sequences_per_request: int = field(default=64, metadata=_help(
         "most sequences one request may ask for (n, best_of); also capped by --max-num-seqs"))
+    max_prompts_per_request: int = field(default=64, metadata=_help(
+        "most prompts one completions request may hold (each is a request of its own, queued ahead of later "
+        "arrivals); also capped by --max-queued-requests"))
     speculative_config: str | dict[str, object] | None = field(default=None, metadata=_help(
         'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, '
         '"prompt_lookup_min": 2} (n-gram drafts from the sequence itself, verified exactly in the batch)'))
+
+    @property
+    def prompts_per_request_limit(self) -> tuple[int, str]:
+        """The most prompts one request may hold, and the flag that sets it."""
+        if self.max_queued_requests is not None and self.max_queued_requests < self.max_prompts_per_request:
+            return self.max_queued_requests, "--max-queued-requests"
+        return self.max_prompts_per_request, "--max-prompts-per-request"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -193,6 +205,8 @@ class SchedulerConfig:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         if self.max_sequences_per_request < 1:
             raise ValueError(f"max_sequences_per_request must be >= 1, got {self.max_sequences_per_request}")
+        if self.max_prompts_per_request < 1:
+            raise ValueError(f"max_prompts_per_request must be >= 1, got {self.max_prompts_per_request}")
         if self.speculative_config is not None:
             SpeculativeConfig.parse(self.speculative_config)
 

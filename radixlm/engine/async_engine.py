@@ -50,6 +50,7 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     schedule_policy: str
+    prompts_per_request_limit: tuple[int, str]  # (most prompts in one request, the flag that sets it)
     structured: StructuredOutputs  # thread-safe: the server compiles grammars through it before admission
 
 
@@ -216,6 +217,7 @@ class AsyncEngine:
             self.info = EngineInfo(tokenizer=copy.deepcopy(engine.tokenizer), max_model_len=engine.max_model_len,
                                    vocab_size=engine.worker_info.vocab_size,
                                    schedule_policy=engine.config.scheduler.schedule_policy,
+                                   prompts_per_request_limit=engine.config.scheduler.prompts_per_request_limit,
                                    structured=engine.structured)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             logger.info("engine ready: max_model_len %d", engine.max_model_len)

@@ -66,9 +66,11 @@ def _conversation_entry(i: int, message: ChatMessage) -> dict[str, Any]:
     entry: dict[str, Any] = message.model_dump(exclude_none=True)
     if isinstance(message.content, list):
         for j, part in enumerate(message.content):
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise APIError(400, f"content part type {part.type!r} is not supported (text only)",
                                param=f"messages.{i}.content.{j}.type")
+            if part.text is None:
+                raise APIError(400, "a text content part needs a text string", param=f"messages.{i}.content.{j}.text")
         entry["content"] = "\n".join(part.text or "" for part in message.content)
     entry.setdefault("content", "")
     if entry["role"] == "developer":  # OpenAI's new name for the system role; templates know "system"

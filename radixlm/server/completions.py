@@ -41,6 +41,7 @@ class Completions(OpenAIServing):
     async def create(self, body: CompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
+        self._check_num_prompts(body, info)
         params = await self.sampling_params(body, info)
         prompts = await self._prompts(body, info)
         for prompt in prompts:
@@ -59,6 +60,16 @@ class Completions(OpenAIServing):
         response = Completion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
                               usage=usage_of(results))
         return JSONResponse(response.model_dump(mode="json"))
+
+    @staticmethod
+    def _check_num_prompts(body: CompletionRequest, info: EngineInfo) -> None:
+        """Before any work for them (a grammar, tokenizing): each prompt is a request of its own."""
+        limit, flag = info.prompts_per_request_limit
+        num_prompts = len(body.prompt) if isinstance(body.prompt, list) and body.prompt and \
+            isinstance(body.prompt[0], (str, list)) else 1
+        if num_prompts > limit:
+            raise APIError(400, f"prompt holds {num_prompts} prompts; one request may hold at most {limit} ({flag})",
+                           param="prompt")
 
     async def _prompts(self, body: CompletionRequest, info: EngineInfo) -> list[_Prompt]:
         try:

@@ -11,23 +11,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
-from radixlm.sampling_params import MAX_LOGPROBS, SamplingParams
+from radixlm.sampling_params import MAX_LOGPROBS, MAX_TOKEN_ID_LIST, SamplingParams
 from radixlm.server.json_checks import body_problem
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
 from radixlm.structured.spec import GrammarSpec
 
+MAX_MESSAGES = 4096  # per chat request
+MAX_CONTENT_PARTS = 1024  # per message
+MAX_DETOKENIZE_TOKENS = 131_072
+
 
 class RequestBody(BaseModel):
     """Base of every request body: text that is not valid Unicode, or nesting deeper than MAX_NESTING, anywhere
-    in a field is refused (400) naming the field (`json_checks.py`)."""
+    in a field is refused (400) naming the field (`json_checks.py`); so is a list (or object) field with more
+    entries than `MAX_ENTRIES` allows it, counted before any entry is validated."""
 
     model_config = ConfigDict(extra="ignore")
+    MAX_ENTRIES: ClassVar[dict[str, int]] = {}
 
     @field_validator("*", mode="before")
     @classmethod
-    def _usable_json(cls, value: Any) -> Any:
+    def _usable_json(cls, value: Any, info: ValidationInfo) -> Any:
+        limit = cls.MAX_ENTRIES.get(str(info.field_name))
+        if limit is not None and isinstance(value, (list, dict)) and len(value) > limit:
+            raise ValueError(f"holds {len(value)} entries; the limit is {limit}")
         problem = body_problem(value)
         if problem is not None:
             raise ValueError(problem)
@@ -47,6 +56,7 @@ class SamplingRequest(RequestBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
+    MAX_ENTRIES: ClassVar[dict[str, int]] = {"logit_bias": MAX_TOKEN_ID_LIST, "stop_token_ids": MAX_TOKEN_ID_LIST}
 
     model: str | None = None
     max_tokens: int | None = None
@@ -138,6 +148,13 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _few_parts(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > MAX_CONTENT_PARTS:
+            raise ValueError(f"holds {len(value)} content parts; the limit is {MAX_CONTENT_PARTS}")
+        return value
+
 
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": _is_off,  # the deprecated form of tools: send tools instead
@@ -156,6 +173,7 @@ AGENT_LOOP_PRIORITY = -(2**31)
 
 class ChatCompletionRequest(SamplingRequest):
     UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = _CHAT_UNSUPPORTED
+    MAX_ENTRIES: ClassVar[dict[str, int]] = {**SamplingRequest.MAX_ENTRIES, "messages": MAX_MESSAGES}
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -223,6 +241,8 @@ class CompletionRequest(SamplingRequest):
 class TokenizeRequest(RequestBody):
     """vLLM's /tokenize: a `prompt`, or chat `messages` rendered with the chat template."""
 
+    MAX_ENTRIES: ClassVar[dict[str, int]] = {"messages": MAX_MESSAGES}
+
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -233,5 +253,7 @@ class TokenizeRequest(RequestBody):
 
 
 class DetokenizeRequest(RequestBody):
+    MAX_ENTRIES: ClassVar[dict[str, int]] = {"tokens": MAX_DETOKENIZE_TOKENS}
+
     model: str | None = None
     tokens: list[int]

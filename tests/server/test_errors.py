@@ -64,6 +64,8 @@ BAD_REQUESTS = [
     ("content-part-image", chat(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), 400, "messages.0.content.0.type",
      ["image_url"]),
+    ("content-part-text-missing", chat(messages=[{"role": "user", "content": [{"type": "text"}]}]), 400,
+     "messages.0.content.0.text", ["text string"]),
     ("tools-auto-not-enabled", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tool_choice",
      ["--enable-auto-tool-choice"]),
     ("functions", chat(functions=[{"name": "f"}]), 400, "functions", ["functions"]),

@@ -23,12 +23,33 @@ def server(tiny_model_dir):
     ("/v1/completions", {"prompt": "Hello", "max_tokens": 4, "best_of": 1000000000}, "best_of"),
     ("/v1/completions", {"prompt": "Hello", "max_tokens": 4, "n": 9}, "n"),  # more than --max-num-seqs
     ("/v1/completions", {"prompt": ["Hello"] * 20, "max_tokens": 4}, "prompt"),  # more than --max-queued-requests
-], ids=["n-100000", "best_of-1e9", "n-over-max-num-seqs", "prompts-over-queue"])
+    ("/v1/completions", {"prompt": [[1, 2, 3]] * 30000, "max_tokens": 4}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}] * 5000, "max_tokens": 4}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2000}],
+                              "max_tokens": 4}, "messages.0.content"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}] * 5000}, "messages"),
+    ("/detokenize", {"tokens": [1] * 200_000}, "tokens"),
+    ("/v1/completions", {"prompt": "Hello", "logit_bias": {str(i): 1 for i in range(1_000_000)}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hello", "stop_token_ids": [1] * 5000}, "stop_token_ids"),
+    # JSON nested too deeply for the parser inside a string: a RecursionError used to become a 500
+    ("/v1/completions", {"prompt": "x", "guided_json": "[" * 100_000 + "]" * 100_000}, "guided_json"),
+    ("/v1/completions", {"prompt": "x", "json_schema": '{"type":"array","items":' * 880 + '{"type":"string"}'
+                                                       + "}" * 880}, "json_schema"),
+    ("/v1/completions", {"prompt": "x", "regex": "(ab|cd)" * 10_000}, "regex"),
+    ("/v1/completions", {"prompt": "x", "choice": ["a" * 1_000_000]}, "choice"),
+    ("/v1/completions", {"prompt": "x", "guided_choice": [f"option {i}" for i in range(100_000)]}, "guided_choice"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string", "pattern": "a" * 20_000}}}},
+     "response_format"),
+], ids=["n-100000", "best_of-1e9", "n-over-max-num-seqs", "prompts-over-queue", "token-prompts-30000",
+        "messages-5000", "content-parts-2000", "tokenize-messages-5000", "detokenize-200000", "logit-bias-1e6",
+        "stop-token-ids-5000", "schema-string-nested-100000", "schema-nested-880", "regex-70000-chars",
+        "choice-of-1e6-chars", "choices-100000", "schema-pattern-20000-chars"])
 def test_sizes_beyond_the_limits_are_400s_naming_the_field(server, route, body, param):
     started = time.monotonic()
     response = server.http.post(route, json=body)
-    assert response.status_code == 400, response.text
-    assert response.json()["error"]["param"] == param
+    assert response.status_code == 400, response.text[:500]
+    assert response.json()["error"]["param"] == param, response.text[:500]
     assert time.monotonic() - started < 5  # refused before anything was built for it
     assert server.http.get("/health").status_code == 200
 

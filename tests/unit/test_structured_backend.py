@@ -1,6 +1,7 @@
 """The xgrammar backend: special tokens masked inside grammar text, a model vocab larger than the tokenizer's,
 readable compile errors, one compile per spec off the calling thread, rollback."""
 
+import json
 import threading
 
 import pytest
@@ -93,3 +94,36 @@ def test_compile_cache_compiles_each_spec_once_on_a_worker_thread(backend):
     with pytest.raises(ValueError, match="invalid regex"):
         cache.compile(GrammarSpec.from_regex("(("))
     cache.shutdown()
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (lambda: GrammarSpec.from_json_schema("[" * 100_000 + "]" * 100_000), "json_schema is nested too deeply"),
+    (lambda: GrammarSpec.from_json_schema('{"items":' * 101 + "{}" + "}" * 101), "nested deeper than 100"),
+    (lambda: GrammarSpec.from_json_schema({"type": "string", "pattern": "a" * 16_385}), "16385 characters"),
+    (lambda: GrammarSpec.from_json_schema({"properties": {"k" * 16_385: {}}}), "16385 characters"),
+    (lambda: GrammarSpec.from_json_schema(" " * 300_000 + "{}"), "json_schema is 300002 characters"),
+    (lambda: GrammarSpec.from_regex("a" * 16_385), "regex is 16385 characters"),
+    (lambda: GrammarSpec.from_ebnf('root ::= "' + "a" * 16_385 + '"'), "ebnf is 16396 characters"),
+    (lambda: GrammarSpec.from_choice(["a"] * 4097), "choice has 4097 entries"),
+    (lambda: GrammarSpec.from_choice(["a" * 16_385]), "a choice is 16385 characters"),
+    (lambda: GrammarSpec.from_choice(["a" * 16_000] * 20), "choice is 320080 characters"),
+    (lambda: GrammarSpec.from_structural_tag({"type": "structural_tag", "format": {"deep": _nested(120)}}),
+     "structural_tag is nested deeper"),
+])
+def test_grammar_sizes_past_the_limits_are_value_errors(spec, message):
+    """Compile time grows with the square of a string's length and fast with nesting: both are capped."""
+    with pytest.raises(ValueError, match=message):
+        spec()
+
+
+def _nested(depth):
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_grammars_at_the_limits_are_accepted():
+    assert GrammarSpec.from_regex("a" * 16_384).text == "a" * 16_384
+    assert len(json.loads(GrammarSpec.from_choice(["a"] * 4096).text)) == 4096
+    GrammarSpec.from_json_schema('{"items":' * 99 + "{}" + "}" * 99)
