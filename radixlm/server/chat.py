@@ -7,8 +7,9 @@ forced tool choice, the grammar; each sequence's text then goes through a `Seque
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from fastapi import Request, Response
@@ -41,8 +42,8 @@ class ChatCompletions(OpenAIServing):
     async def create(self, body: ChatCompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
-        plan = await self._plan(body, info)
-        params = await self.sampling_params(body, info, plan.grammar)
+        plan = await self._plan(body, info, raw_request)
+        params = await self.sampling_params(body, info, raw_request, plan.grammar)
         prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt, plan.tools,
                                             plan.template_kwargs)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
@@ -57,7 +58,7 @@ class ChatCompletions(OpenAIServing):
         response = self._response(request_id, body, results[0], formatter, top_n, plan.parsing)
         return JSONResponse(response.model_dump(mode="json"))
 
-    async def _plan(self, body: ChatCompletionRequest, info: EngineInfo) -> _Plan:
+    async def _plan(self, body: ChatCompletionRequest, info: EngineInfo, raw_request: Request) -> _Plan:
         """How this request's tools, template variables and reasoning shape its prompt, grammar and parsing."""
         options = self.chat_options
         try:
@@ -71,18 +72,21 @@ class ChatCompletions(OpenAIServing):
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server to run with '
                                 '--enable-auto-tool-choice and --tool-call-parser', param="tool_choice")
         for i, function in enumerate(functions):
-            await self.compile_grammar(info, GrammarSpec.from_json_schema(function.parameters),
-                                       f"tools.{i}.function.parameters")
+            param = f"tools.{i}.function.parameters"
+            schema = _spec(partial(GrammarSpec.from_json_schema, function.parameters), param)
+            await self.compile_grammar(info, schema, param, raw_request)  # type: ignore[arg-type]
         tool_parser = options.tool_parser() if functions and choice != "none" else None
         grammar: tuple[GrammarSpec | None, str | None] = (own_spec, own_field)
-        forced = tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls) if tool_parser else None
+        forced = _spec(lambda: tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls),
+                       "tools") if tool_parser else None
         if forced is not None:
             if own_field is not None:
                 raise APIError(400, f"{own_field} cannot be combined with tool_choice {choice!r}", param=own_field)
             grammar = (forced, "tool_choice")
         reasoning = options.reasoning()
         if reasoning is not None and grammar[0] is not None and template_kwargs.get("enable_thinking") is not False:
-            grammar = (after_reasoning(grammar[0]), grammar[1])
+            constrained = grammar[0]
+            grammar = (_spec(lambda: after_reasoning(constrained), str(grammar[1])), grammar[1])
         forced_names = () if forced is None else tuple(f.name for f in functions if choice in ("required", f.name))
         return _Plan(body.tools if functions else None, template_kwargs, grammar,
                      OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names))
@@ -147,3 +151,11 @@ class _Plan:
     template_kwargs: dict[str, Any]
     grammar: tuple[GrammarSpec | None, str | None]  # the constraint and the field it came from
     parsing: OutputParsing
+
+
+def _spec(build: Callable[[], GrammarSpec | None], param: str) -> GrammarSpec | None:
+    """`build()`, whose ValueError (a grammar past the size limits) becomes a 400 naming `param`."""
+    try:
+        return build()
+    except ValueError as error:
+        raise APIError(400, f"{param}: {error}", param=param) from None

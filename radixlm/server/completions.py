@@ -42,7 +42,7 @@ class Completions(OpenAIServing):
         info = self.ready_info()
         self.check_request(body, info)
         self._check_num_prompts(body, info)
-        params = await self.sampling_params(body, info)
+        params = await self.sampling_params(body, info, raw_request)
         prompts = await self._prompts(body, info)
         for prompt in prompts:
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")

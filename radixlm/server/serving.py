@@ -136,7 +136,7 @@ class OpenAIServing:
                 raise APIError(400, f"{name} holds token id {out_of_range[0]}, outside the vocabulary "
                                     f"[0, {info.vocab_size})", param=name)
 
-    async def sampling_params(self, body: SamplingRequest, info: EngineInfo,
+    async def sampling_params(self, body: SamplingRequest, info: EngineInfo, raw_request: Request,
                               grammar: tuple[GrammarSpec | None, str | None] | None = None) -> SamplingParams:
         """The request's SamplingParams, its grammar (if any) already compiled: a bad one is a 400 naming it.
         `grammar` (spec, the field it came from) replaces the one the request's structured-output fields set."""
@@ -148,16 +148,29 @@ class OpenAIServing:
             raise APIError(400, str(error), param=name if name in type(body).model_fields else None) from None
         if params.structured_outputs is not None:
             _, field = body.grammar() if grammar is None else grammar
-            await self.compile_grammar(info, params.structured_outputs, str(field))
+            await self.compile_grammar(info, params.structured_outputs, str(field), raw_request)
         return params
 
     @staticmethod
-    async def compile_grammar(info: EngineInfo, spec: GrammarSpec, param: str) -> None:
-        """Compile on the compile thread (the engine will find it in the compile cache); a bad one is a 400."""
+    async def compile_grammar(info: EngineInfo, spec: GrammarSpec, param: str, raw_request: Request) -> None:
+        """Compile on the compile thread (the engine will find it in the compile cache); a bad one is a 400. A client
+        that disconnects meanwhile stops waiting, and its compile leaves the queue if no one else waits for it."""
+        # Shielded: the Future is shared by every request with this grammar, and must not be cancelled from here.
+        compiled = asyncio.shield(asyncio.wrap_future(info.structured.submit(spec, client=True)))
+        gone = asyncio.create_task(_disconnected(raw_request))
         try:
-            await asyncio.wrap_future(info.structured.submit(spec))  # type: ignore[arg-type]
+            await asyncio.wait((compiled, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not compiled.done():
+                compiled.add_done_callback(_consume)
+                raise APIError(499, "the client disconnected while its grammar compiled", param=param)
+            compiled.result()
         except ValueError as error:
             raise APIError(400, f"{param}: {error}", param=param) from None
+        except asyncio.CancelledError:  # the compile was cancelled: its last client left
+            raise APIError(499, "the client disconnected while its grammar compiled", param=param) from None
+        finally:
+            gone.cancel()
+            info.structured.release(spec)
 
     @staticmethod
     def check_length(prompt_ids: list[int], max_tokens: int | None, info: EngineInfo, param: str) -> None:
@@ -234,6 +247,18 @@ class OpenAIServing:
 
 def _error_frame(error: APIError) -> str:
     return format_sse_event(data_str=json.dumps(error.body()))
+
+
+async def _disconnected(raw_request: Request) -> None:
+    """Returns once the client has gone (the body has been read already: only a disconnect can arrive)."""
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _consume(future: asyncio.Future[object]) -> None:
+    """Retrieve a result no one awaits any more, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _abort_on_disconnect(raw_request: Request, stream: OutputStream) -> None:

@@ -39,11 +39,17 @@ class StructuredOutputs:
                     XGrammarBackend(self._tokenizer, self._vocab_size, self._stop_token_ids))
             return self._cache
 
-    def submit(self, spec: GrammarSpec) -> Future[object]:
-        """Start compiling (or find the compiled) grammar; the Future raises ValueError for a bad grammar."""
+    def submit(self, spec: GrammarSpec, client: bool = False) -> Future[object]:
+        """Start compiling (or find the compiled) grammar; the Future raises ValueError for a bad grammar.
+        `client`: a client waits for it, and calls `release(spec)` when it stops waiting (see GrammarCompileCache)."""
         cache = self._compile_cache()
         with self._lock:
-            return cache.submit(spec)
+            return cache.submit(spec, client)
+
+    def release(self, spec: GrammarSpec) -> None:
+        cache = self._compile_cache()
+        with self._lock:
+            cache.release(spec)
 
     def new_matcher(self, compiled: object) -> GrammarMatcher:
         return self.backend.new_matcher(compiled)

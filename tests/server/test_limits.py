@@ -41,10 +41,13 @@ def server(tiny_model_dir):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
         "type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string", "pattern": "a" * 20_000}}}},
      "response_format"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"pattern": "a" * 20_000}}}}}],
+        "tool_choice": "none"}, "tools.0.function.parameters"),
 ], ids=["n-100000", "best_of-1e9", "n-over-max-num-seqs", "prompts-over-queue", "token-prompts-30000",
         "messages-5000", "content-parts-2000", "tokenize-messages-5000", "detokenize-200000", "logit-bias-1e6",
         "stop-token-ids-5000", "schema-string-nested-100000", "schema-nested-880", "regex-70000-chars",
-        "choice-of-1e6-chars", "choices-100000", "schema-pattern-20000-chars"])
+        "choice-of-1e6-chars", "choices-100000", "schema-pattern-20000-chars", "tool-schema-pattern-20000-chars"])
 def test_sizes_beyond_the_limits_are_400s_naming_the_field(server, route, body, param):
     started = time.monotonic()
     response = server.http.post(route, json=body)

@@ -96,6 +96,37 @@ def test_compile_cache_compiles_each_spec_once_on_a_worker_thread(backend):
     cache.shutdown()
 
 
+def test_a_queued_compile_that_no_client_waits_for_leaves_the_queue():
+    started, finish = threading.Event(), threading.Event()
+    compiled = []
+
+    class Blocking:
+        vocab_size = 8
+
+        def compile(self, spec):
+            started.set()
+            finish.wait(10)
+            compiled.append(spec.text)
+            return spec.text
+
+    cache = GrammarCompileCache(Blocking())
+    running, queued, shared = (GrammarSpec.from_regex(text) for text in ("a", "b", "c"))
+    first = cache.submit(running, client=True)
+    assert started.wait(10)  # the one compile thread is busy with "a"
+    gone = cache.submit(queued, client=True)
+    kept = cache.submit(shared, client=True)
+    cache.submit(shared, client=True)  # two clients wait for "c"
+    cache.release(queued)  # its only client left: cancelled before it started
+    cache.release(shared)  # one of two left: still queued
+    cache.release(running)  # already compiling: runs to the end
+    assert gone.cancelled() and not kept.cancelled() and not first.cancelled()
+    finish.set()
+    assert first.result(10) == "a" and kept.result(10) == "c"
+    assert compiled == ["a", "c"]
+    assert cache.submit(queued).result(10) == "b"  # asked again: compiled anew
+    cache.shutdown()
+
+
 @pytest.mark.parametrize(("spec", "message"), [
     (lambda: GrammarSpec.from_json_schema("[" * 100_000 + "]" * 100_000), "json_schema is nested too deeply"),
     (lambda: GrammarSpec.from_json_schema('{"items":' * 101 + "{}" + "}" * 101), "nested deeper than 100"),
