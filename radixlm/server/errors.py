@@ -7,6 +7,7 @@ Malformed JSON is 422, any other invalid body 400. 429 and 503 carry `Retry-Afte
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -84,7 +85,7 @@ def _validation_error(errors: list[dict[str, Any]]) -> APIError:
         detail = errors[0].get("ctx", {}).get("error", "")
         return APIError(422, f"malformed JSON body: {detail}".rstrip(": "), code="json_invalid")
     first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    location = _field_path([part for part in first.get("loc", ()) if part != "body"])
     param = ".".join(location) or None
     if first.get("type") == "model_attributes_type" and not location:
         message = "the body must be a JSON object (send it with Content-Type: application/json)"
@@ -93,6 +94,22 @@ def _validation_error(errors: list[dict[str, Any]]) -> APIError:
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more errors)"
     return APIError(400, message, param=param, code=first.get("type"))
+
+
+# Parts of a pydantic error location that name a type, not a field: the member of a union that was tried
+# ("prompt.str", "stop.list[str]"), or a dict key's own check ("metadata.<key>.[key]").
+_TYPE_TAG = re.compile(r"(str|int|float|bool|none|list|dict|tuple|set)(\[.*\])?|\[key\]|(function|constrained)-.*")
+
+
+def _field_path(location: list[Any]) -> list[str]:
+    """The field path of an error location, up to the first part that names a type or is not a short name (a
+    client's own dict key is data, not a field)."""
+    path = []
+    for part in location:
+        if isinstance(part, str) and (_TYPE_TAG.fullmatch(part) or len(part) > 64 or not part.isidentifier()):
+            break
+        path.append(str(part))
+    return path
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -108,6 +125,11 @@ def install_error_handlers(app: FastAPI) -> None:
         except ValueError:
             phrase = "error"
         message = error.detail if isinstance(error.detail, str) and error.detail != phrase else phrase
+        cause = error.__cause__
+        if error.status_code == 400 and cause is not None:  # FastAPI's JSON parse failed on more than syntax
+            reason = {RecursionError: "it nests too deeply", UnicodeDecodeError: "it is not valid UTF-8"}.get(
+                type(cause), str(cause)[:200])  # ValueError: an integer past Python's 4,300-digit limit, ...
+            return APIError(400, f"the body could not be parsed as JSON: {reason}", code="json_invalid").response()
         return APIError(error.status_code, message).response()
 
     app.add_exception_handler(APIError, on_api_error)  # type: ignore[arg-type]

@@ -82,6 +82,8 @@ BAD_REQUESTS = [
     ("guided-json-not-json", chat(guided_json="{oops"), 400, "guided_json", ["not valid JSON"]),
     ("suffix", completion(suffix="!"), 400, "suffix", ["suffix"]),
     ("prompt-empty-list", completion(prompt=[]), 400, "prompt", ["prompt"]),
+    ("prompt-an-object", completion(prompt={"a": 1}), 400, "prompt", ["prompt"]),  # not "prompt.str"
+    ("metadata-key-too-long", completion(metadata={"k" * 70: "v"}), 400, "metadata", ["metadata"]),
     ("prompt-empty-string", completion(prompt=""), 400, "prompt", ["prompt"]),
     ("prompt-token-outside-vocab", completion(prompt=[1, 2, 10**6]), 400, "prompt", ["1000000"]),
     ("prompt-longer-than-context", completion(prompt=[5] * 5000), 400, "prompt", ["5000", str(LONG_CONTEXT)]),
@@ -119,6 +121,12 @@ def test_transport_level_errors(server):
     check_error_body(server.http.post("/v1/completions", content=chunked, headers={
         "Content-Type": "application/json"}), 413, None, ["65536"])
     check_error_body(server.http.post("/v1/completions", data={"prompt": "x"}), 400, None, ["Content-Type"])
+    for body, words in ((b'{"prompt": "x", "seed": 1' + b"1" * 5000 + b"}", ["parsed as JSON", "digits"]),
+                        (b'{"prompt": "\xff\xfe"}', ["not valid UTF-8"]),
+                        (b'{"prompt": ' + b"[" * 20000 + b"]" * 20000 + b"}", ["nests too deeply"])):
+        response = server.http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+        check_error_body(response, 400, None, words)
+        assert response.json()["error"]["code"] == "json_invalid"
     check_error_body(server.http.get("/v1/nowhere"), 404, None, [])
     without_key = server.http_client(with_key=False)
     for headers in ({}, {"Authorization": "Bearer wrong"}):
