@@ -160,14 +160,12 @@ class OpenAIServing:
         gone = asyncio.create_task(_disconnected(raw_request))
         try:
             await asyncio.wait((compiled, gone), return_when=asyncio.FIRST_COMPLETED)
-            if not compiled.done():
+            if not compiled.done() or compiled.cancelled():  # the client left (and maybe its compile with it)
                 compiled.add_done_callback(_consume)
                 raise APIError(499, "the client disconnected while its grammar compiled", param=param)
             compiled.result()
         except ValueError as error:
             raise APIError(400, f"{param}: {error}", param=param) from None
-        except asyncio.CancelledError:  # the compile was cancelled: its last client left
-            raise APIError(499, "the client disconnected while its grammar compiled", param=param) from None
         finally:
             gone.cancel()
             info.structured.release(spec)
@@ -251,8 +249,11 @@ def _error_frame(error: APIError) -> str:
 
 async def _disconnected(raw_request: Request) -> None:
     """Returns once the client has gone (the body has been read already: only a disconnect can arrive)."""
-    while (await raw_request.receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await raw_request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a transport that cannot say: treat it as gone rather than leave the error unretrieved
+        logger.debug("receive failed while waiting for a grammar", exc_info=True)
 
 
 def _consume(future: asyncio.Future[object]) -> None:
