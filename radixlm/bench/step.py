@@ -193,14 +193,21 @@ def _kv_bytes_per_step(engine: LLMEngine) -> int:
 
 
 def print_rows(rows: list[StepRow]) -> None:
-    print("| batch | context | prefix | step ms | attention (bound) | linears (bound) | other | prep | sampler "
-          "| scheduler | engine |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    """Milliseconds per decode step by part; attention and linears with their bounds and their ratio to them."""
+    print("| batch | context | prefix | step ms | attention (bound, ratio) | linears (bound, ratio) | other | prep "
+          "| sampler | scheduler | engine |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ms = row.ms
-        other = ms.get("forward", 0.0) - ms.get("attention", 0.0) - ms.get("linears", 0.0)
+        attention, linears = ms.get("attention", 0.0), ms.get("linears", 0.0)
+        other = ms.get("forward", 0.0) - attention - linears
         prep = ms.get("execute", 0.0) - ms.get("forward", 0.0)
         engine = ms.get("step", 0.0) - ms.get("execute", 0.0) - ms.get("sampler", 0.0) - ms.get("scheduler", 0.0)
         print(f"| {row.batch_size} | {row.context_len} | {'shared' if row.shared_prefix else 'none'} "
-              f"| {ms.get('step', 0.0):.1f} | {ms.get('attention', 0.0):.1f} ({row.attention_bound_ms:.1f}) "
-              f"| {ms.get('linears', 0.0):.1f} ({row.linears_bound_ms:.1f}) | {other:.1f} | {prep:.1f} "
+              f"| {ms.get('step', 0.0):.1f} | {attention:.1f} ({row.attention_bound_ms:.1f}, "
+              f"{_ratio(attention, row.attention_bound_ms)}) | {linears:.1f} ({row.linears_bound_ms:.1f}, "
+              f"{_ratio(linears, row.linears_bound_ms)}) | {other:.1f} | {prep:.1f} "
               f"| {ms.get('sampler', 0.0):.1f} | {ms.get('scheduler', 0.0):.1f} | {engine:.1f} |")
+
+
+def _ratio(ms: float, bound_ms: float) -> str:
+    return f"{ms / bound_ms:.2f}x" if bound_ms > 0 else "-"
