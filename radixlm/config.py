@@ -179,8 +179,8 @@ class SchedulerConfig:
     max_sequences_per_request: int = field(default=64, metadata=_help(
         "most sequences one request may ask for (n, best_of); also capped by --max-num-seqs"))
     max_prompts_per_request: int = field(default=64, metadata=_help(
-        "most prompts one completions request may hold (each is a request of its own, queued ahead of later "
-        "arrivals); also capped by --max-queued-requests"))
+        "most prompts one /v1/completions request may hold (each is a request of its own, queued ahead of later "
+        "arrivals); also capped by --max-queued-requests. Offline generate takes any number"))
     speculative_config: str | dict[str, object] | None = field(default=None, metadata=_help(
         'speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5, '
         '"prompt_lookup_min": 2} (n-gram drafts from the sequence itself, verified exactly in the batch)'))

@@ -122,9 +122,10 @@ class LLMEngine:
         """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
         are aborted before the error propagates."""
         requests = list(requests)
-        limit, flag = self.config.scheduler.prompts_per_request_limit
-        if len(requests) > limit:
-            raise ValueError(f"prompt holds {len(requests)} prompts; one request may hold at most {limit} ({flag})")
+        limit = self.config.scheduler.max_queued_requests
+        if limit is not None and len(requests) > limit:
+            raise ValueError(f"prompt holds {len(requests)} prompts, but at most {limit} requests may wait "
+                             f"(--max-queued-requests): it could never be admitted whole")
         added: list[str] = []
         try:
             for request_id, prompt, params in requests:

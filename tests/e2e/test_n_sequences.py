@@ -153,17 +153,3 @@ def test_forked_sequences_stay_within_max_num_seqs(model, four):
         seen.add(len(running))
     assert 4 in seen
     assert [results["r"].outputs[i].token_ids for i in range(4)] == [four.token_ids(i) for i in range(4)]
-
-
-def test_prompts_per_request_are_capped_before_any_is_queued(model):
-    engine = build_engine(model=model, max_prompts_per_request=3, **ENGINE)
-    requests = [(f"p{i}", PROMPT, PARAMS) for i in range(4)]
-    with pytest.raises(ValueError, match=r"4 prompts; one request may hold at most 3 \(--max-prompts-per-request\)"):
-        engine.add_requests(requests)
-    assert not engine.has_unfinished_requests()
-    engine.add_requests(requests[:3])  # at the limit
-    queued = build_engine(model=model, max_queued_requests=2, **ENGINE)
-    with pytest.raises(ValueError, match=r"at most 2 \(--max-queued-requests\)"):
-        queued.add_requests(requests[:3])
-    with pytest.raises(ValueError, match="max_prompts_per_request must be >= 1"):
-        build_engine(model=model, max_prompts_per_request=0, **ENGINE)

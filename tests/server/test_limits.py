@@ -62,3 +62,16 @@ def test_requests_at_the_limits_run(server):
     assert response.status_code == 200, response.text
     assert len(response.json()["choices"]) == 8
     assert server.wait_for(lambda m: m.get("radixlm:num_requests_running{}") == 0)
+
+
+def test_prompts_per_request_are_capped_before_any_is_tokenized(tiny_model_dir):
+    server = InProcessServer(tiny_model_dir("llama"), {"num_kv_blocks": 128, "block_size": 4,
+                                                       "max_prompts_per_request": 3})
+    try:
+        response = server.http.post("/v1/completions", json={"prompt": ["Hello"] * 4, "max_tokens": 2})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+        assert "at most 3 (--max-prompts-per-request)" in response.json()["error"]["message"]
+        response = server.http.post("/v1/completions", json={"prompt": ["Hello"] * 3, "max_tokens": 2})
+        assert response.status_code == 200 and len(response.json()["choices"]) == 3
+    finally:
+        server.stop()

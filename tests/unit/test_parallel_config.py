@@ -29,3 +29,11 @@ def test_parallel_defaults_are_one_process() -> None:
     config = EngineConfig.from_kwargs(tensor_parallel_size=2, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:29500")
     assert config.parallel.tensor_parallel_size == 2 and config.parallel.node_rank == 1
     assert EngineConfig().parallel.data_parallel_size == 1 and EngineConfig().model.device == "auto"
+
+
+def test_prompts_per_request_limit_names_the_flag_that_sets_it() -> None:
+    with pytest.raises(ValueError, match="max_prompts_per_request"):
+        EngineConfig.from_kwargs(max_prompts_per_request=0)
+    assert EngineConfig.from_kwargs().scheduler.prompts_per_request_limit == (64, "--max-prompts-per-request")
+    queued = EngineConfig.from_kwargs(max_queued_requests=8).scheduler.prompts_per_request_limit
+    assert queued == (8, "--max-queued-requests")
