@@ -90,7 +90,7 @@ class SamplingParams:
         if isinstance(self.logit_bias, Mapping):
             self._set("logit_bias", tuple(sorted((_bias_key(k), v) for k, v in self.logit_bias.items())))
         elif self.logit_bias is not None:
-            self._set("logit_bias", tuple((_bias_key(k), v) for k, v in self.logit_bias))
+            self._set("logit_bias", tuple(_bias_entry(entry) for entry in _iterate("logit_bias", self.logit_bias)))
         if self.logit_bias == ():
             self._set("logit_bias", None)
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
@@ -207,13 +207,27 @@ class SamplingParams:
 
 
 def _bias_key(key: object) -> int:
-    try:
-        token_id = int(key)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
-    if token_id < 0:
-        raise ValueError(f"logit_bias keys must be token ids >= 0, got {key!r}")
-    return token_id
+    """A token id given as an int or as its decimal digits (JSON object keys are strings); not a bool, and not
+    the other spellings int() reads ("+5", " 5 ", "5_0", Arabic-Indic digits)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 20:  # (20 digits: past any vocab)
+        return int(key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        if key < 0:
+            raise ValueError(f"logit_bias keys must be token ids >= 0, got {key!r}")
+        return key
+    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+
+
+def _bias_entry(entry: object) -> tuple[int, object]:
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+        raise ValueError(f"logit_bias must be a mapping of token id to bias, or (token id, bias) pairs, got {entry!r}")
+    return _bias_key(entry[0]), entry[1]
+
+
+def _iterate(name: str, value: object) -> Iterable[object]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise ValueError(f"{name} must be a mapping or a list, got {type(value).__name__}")
+    return value
 
 
 def _require_int(name: str, value: object, low: int, high: int | None = None, note: str = "") -> None:

@@ -69,8 +69,11 @@ class Admission:
     def tokenize(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)):  # not bytes, a dict or None: those iterate into something else
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         token_ids = list(prompt)
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        bad = [t for t in token_ids
+               if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
         return token_ids

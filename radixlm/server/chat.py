@@ -86,7 +86,8 @@ class ChatCompletions(OpenAIServing):
         reasoning = options.reasoning()
         if reasoning is not None and grammar[0] is not None and template_kwargs.get("enable_thinking") is not False:
             constrained = grammar[0]
-            grammar = (_spec(lambda: after_reasoning(constrained), str(grammar[1])), grammar[1])
+            opened_in_prompt = reasoning.unclosed_is_reasoning
+            grammar = (_spec(lambda: after_reasoning(constrained, opened_in_prompt), str(grammar[1])), grammar[1])
         forced_names = () if forced is None else tuple(f.name for f in functions if choice in ("required", f.name))
         return _Plan(body.tools if functions else None, template_kwargs, grammar,
                      OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from transformers import PreTrainedTokenizerBase
 
@@ -12,8 +13,25 @@ from radixlm.server.responses import ChatLogprobs, ChatTokenLogprob, CompletionL
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM clamp the same way
 
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback tokens
+
+
 def _finite(value: float) -> float:
     return value if math.isfinite(value) else _MIN_LOGPROB
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table: printable Latin-1 bytes stand for
+    themselves, the others for code points from 256 on, in byte order) -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[chr(byte)] = byte
+        else:
+            table[chr(256 + extra)] = byte
+            extra += 1
+    return table
 
 
 class OpenAILogprobs:
@@ -21,6 +39,24 @@ class OpenAILogprobs:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self._byte_alphabet = _byte_level_alphabet() if byte_level else None
+        self._special_ids = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+
+    def token_bytes(self, token_id: int, text: str) -> list[int]:
+        """The token's own bytes (OpenAI's `bytes`): a token holding part of a UTF-8 character decodes to U+FFFD
+        alone, so its text cannot say which byte it is. `text` (its decoded text) serves special tokens and
+        tokenizers whose pieces are not byte-level."""
+        if token_id not in self._special_ids:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            if isinstance(piece, str):
+                if self._byte_alphabet is not None and piece and all(ch in self._byte_alphabet for ch in piece):
+                    return [self._byte_alphabet[ch] for ch in piece]
+                match = _BYTE_PIECE.fullmatch(piece)
+                if match:
+                    return [int(match.group(1), 16)]
+        return list(text.encode())
 
     def token_text(self, token_id: int, logprob: Logprob | None) -> str:
         if logprob is not None and logprob.decoded_token is not None:
@@ -36,10 +72,10 @@ class OpenAILogprobs:
             chosen = position.get(token_id)
             text = self.token_text(token_id, chosen)
             top = [TopLogprob(token=(t := self.token_text(alt_id, alt)), logprob=_finite(alt.logprob),
-                              bytes=list(t.encode()))
+                              bytes=self.token_bytes(alt_id, t))
                    for alt_id, alt in self._ranked(position)[:top_n]]
             content.append(ChatTokenLogprob(token=text, logprob=_finite(chosen.logprob if chosen else -math.inf),
-                                            bytes=list(text.encode()), top_logprobs=top))
+                                            bytes=self.token_bytes(token_id, text), top_logprobs=top))
         return ChatLogprobs(content=content)
 
     def completion(self, token_ids: list[int], positions: list[PositionLogprobs | None], top_n: int,

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.reasoning import THINK_END
+from radixlm.reasoning import THINK_END, THINK_START
 from radixlm.structured.spec import GrammarSpec
 from radixlm.tool_parsers import ToolParser
 
@@ -86,8 +86,17 @@ def tool_call_grammar(parser: ToolParser, functions: list[FunctionTool], choice:
         "stop_after_first": single}})
 
 
-def after_reasoning(spec: GrammarSpec) -> GrammarSpec:
-    """`spec` applied only to the text after `</think>`: the reasoning before it is free."""
-    thinking = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_END}
+def after_reasoning(spec: GrammarSpec, opened_in_prompt: bool) -> GrammarSpec:
+    """`spec` applied only to the text after the reasoning: the reasoning before `</think>` is free.
+
+    `opened_in_prompt` (deepseek_r1): the template opens the think block, so the output starts inside it and must
+    close it. Otherwise (qwen3) text without `</think>` is the answer, so the output is either the answer itself or
+    a `<think>...</think>` block and then the answer: either way the answer is constrained."""
+    answer = spec.as_format()
+    if opened_in_prompt:
+        thinking = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": THINK_END}
+        return GrammarSpec.from_structural_tag({"type": "structural_tag", "format": {
+            "type": "sequence", "elements": [thinking, answer]}})
+    thinking = {"type": "tag", "begin": THINK_START, "content": {"type": "any_text"}, "end": THINK_END}
     return GrammarSpec.from_structural_tag({"type": "structural_tag", "format": {
-        "type": "sequence", "elements": [thinking, spec.as_format()]}})
+        "type": "or", "elements": [answer, {"type": "sequence", "elements": [thinking, answer]}]}})

@@ -12,10 +12,10 @@ def call_from_json(text: str, arguments_keys: tuple[str, ...]) -> ParsedToolCall
     """A call from `{"name": ..., <arguments key>: {...}}`, or None if `text` is not one. The arguments are the
     model's own text of that object (so that streamed fragments add up to them exactly)."""
     try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # ValueError: also integers too long to convert
+        value = json.loads(text, parse_constant=_not_json)
+    except (ValueError, RecursionError):  # ValueError: also integers too long to convert, NaN and Infinity
         return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not _is_text(value["name"]):
         return None
     key = next((key for key in arguments_keys if key in value), None)
     if key is None:
@@ -24,6 +24,21 @@ def call_from_json(text: str, arguments_keys: tuple[str, ...]) -> ParsedToolCall
         return None
     start, end = _top_level_spans(text)[key]
     return ParsedToolCall(value["name"], text[start:end])
+
+
+def _not_json(constant: str) -> None:
+    """NaN, Infinity and -Infinity: Python's json reads them, strict JSON parsers (the client's) do not."""
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _is_text(name: str) -> bool:
+    """A non-empty name that is valid Unicode: a JSON escape can decode to a lone surrogate, which no response can
+    carry (it cannot be encoded as UTF-8)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return bool(name)
 
 
 def _top_level_spans(text: str) -> dict[str, tuple[int, int]]:

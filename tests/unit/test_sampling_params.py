@@ -17,6 +17,8 @@ BAD_VALUES = [
     ("ignore_eos", "yes"), ("max_tokens", True),
     ("stop", ["x"] * 65), ("stop", ["x" * 1025]), ("stop_token_ids", list(range(4097))),
     ("logit_bias", dict.fromkeys(range(4097), 1.0)), ("logit_bias", {"9" * 5000: 1.0}),
+    ("logit_bias", [1, 2]), ("logit_bias", "abc"), ("logit_bias", {True: 1.0}), ("logit_bias", {"\u0663": 1.0}),
+    ("logit_bias", {"5_0": 1.0}), ("logit_bias", {"+5": 1.0}), ("logit_bias", {" 5 ": 1.0}),
     ("structured_outputs", 5), ("structured_outputs", {"regex": "a+", "choice": ["b"]}),
     ("structured_outputs", {"json": "{oops"}), ("structured_outputs", {"xml": "<a/>"}),
 ]

@@ -62,10 +62,15 @@ def test_none_and_auto_are_not_constrained():
                                               (GrammarSpec.from_choice(["yes", "no"]), "no"),
                                               (GrammarSpec.from_ebnf('root ::= "x" [0-9]'), "x7")])
 def test_structured_output_applies_after_reasoning(backend, tokenizer, spec, answer):
-    wrapped = after_reasoning(spec)
-    assert accepts(backend, tokenizer, wrapped, "free text, even {not json}</think>" + answer)
-    assert not accepts(backend, tokenizer, wrapped, answer)  # the reasoning must end first
-    assert not accepts(backend, tokenizer, wrapped, "thinking</think>" + answer + "!")
+    opened = after_reasoning(spec, opened_in_prompt=True)  # deepseek_r1: the output starts inside the think block
+    assert accepts(backend, tokenizer, opened, "free text, even {not json}</think>" + answer)
+    assert not accepts(backend, tokenizer, opened, answer)  # the reasoning must end first
+    assert not accepts(backend, tokenizer, opened, "thinking</think>" + answer + "!")
+    optional = after_reasoning(spec, opened_in_prompt=False)  # qwen3: text without </think> is the answer
+    assert accepts(backend, tokenizer, optional, answer)
+    assert accepts(backend, tokenizer, optional, "<think>free text, even {not json}</think>" + answer)
+    assert not accepts(backend, tokenizer, optional, "free text " + answer)  # the answer is never left free
+    assert not accepts(backend, tokenizer, optional, "<think>thinking</think>" + answer + "!")
 
 
 def test_bad_structural_tag_is_a_value_error(backend):

@@ -46,6 +46,14 @@ CASES = [
      '<tool_call>{"name": "f", "arguments": {"a": ' + "9" * 5000 + '}}</tool_call>', []),
     ("llama3_json", '{"name": "f", "parameters": ' + "[" * 5000 + "]" * 5000 + "}",
      '{"name": "f", "parameters": ' + "[" * 5000 + "]" * 5000 + "}", []),
+    # a name that decodes to a lone surrogate (no response can carry it), arguments strict JSON parsers refuse:
+    # malformed calls, kept as text
+    ("hermes", '<tool_call>{"name": "get\\ud83d", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "get\\ud83d", "arguments": {}}</tool_call>', []),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": NaN, "b": Infinity}}</tool_call>',
+     '<tool_call>{"name": "f", "arguments": {"a": NaN, "b": Infinity}}</tool_call>', []),
+    ("llama3_json", '{"name": "f", "parameters": {"a": -Infinity}}', '{"name": "f", "parameters": {"a": -Infinity}}',
+     []),
 ]
 
 
