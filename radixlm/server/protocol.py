@@ -28,7 +28,7 @@ class RequestBody(BaseModel):
     in a field is refused (400) naming the field (`json_checks.py`); so is a list (or object) field with more
     entries than `MAX_ENTRIES` allows it, counted before any entry is validated."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # JSON types as sent: true is not 1, "yes" not true
     MAX_ENTRIES: ClassVar[dict[str, int]] = {}
 
     @field_validator("*", mode="before")

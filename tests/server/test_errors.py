@@ -83,6 +83,12 @@ BAD_REQUESTS = [
     ("suffix", completion(suffix="!"), 400, "suffix", ["suffix"]),
     ("prompt-empty-list", completion(prompt=[]), 400, "prompt", ["prompt"]),
     ("prompt-an-object", completion(prompt={"a": 1}), 400, "prompt", ["prompt"]),  # not "prompt.str"
+    # JSON types as sent (strict): true is not 1, "yes" is not true, 2.0 is not an integer
+    ("n-true", completion(n=True), 400, "n", ["integer"]),
+    ("stream-yes", completion(stream="yes"), 400, "stream", ["boolean"]),
+    ("prompt-bools", completion(prompt=[True, False]), 400, "prompt", ["prompt"]),
+    ("max-tokens-float", completion(max_tokens=2.0), 400, "max_tokens", ["integer"]),
+    ("stop-token-id-string", completion(stop_token_ids=["1"]), 400, "stop_token_ids.0", ["integer"]),
     ("metadata-key-too-long", completion(metadata={"k" * 70: "v"}), 400, "metadata", ["metadata"]),
     ("prompt-empty-string", completion(prompt=""), 400, "prompt", ["prompt"]),
     ("prompt-token-outside-vocab", completion(prompt=[1, 2, 10**6]), 400, "prompt", ["1000000"]),
