@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -34,6 +34,8 @@ from radixlm.server.responses import (
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
 from radixlm.server.tool_calling import after_reasoning, check_tool_choice, check_tools, tool_call_grammar
 from radixlm.structured.spec import GrammarSpec
+
+_S = TypeVar("_S", GrammarSpec, GrammarSpec | None)
 
 
 class ChatCompletions(OpenAIServing):
@@ -74,7 +76,7 @@ class ChatCompletions(OpenAIServing):
         for i, function in enumerate(functions):
             param = f"tools.{i}.function.parameters"
             schema = _spec(partial(GrammarSpec.from_json_schema, function.parameters), param)
-            await self.compile_grammar(info, schema, param, raw_request)  # type: ignore[arg-type]
+            await self.compile_grammar(info, schema, param, raw_request)
         tool_parser = options.tool_parser() if functions and choice != "none" else None
         grammar: tuple[GrammarSpec | None, str | None] = (own_spec, own_field)
         forced = _spec(lambda: tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls),
@@ -154,7 +156,7 @@ class _Plan:
     parsing: OutputParsing
 
 
-def _spec(build: Callable[[], GrammarSpec | None], param: str) -> GrammarSpec | None:
+def _spec(build: Callable[[], _S], param: str) -> _S:
     """`build()`, whose ValueError (a grammar past the size limits) becomes a 400 naming `param`."""
     try:
         return build()

@@ -41,9 +41,9 @@ class Completions(OpenAIServing):
     async def create(self, body: CompletionRequest, raw_request: Request) -> Response:
         info = self.ready_info()
         self.check_request(body, info)
-        self._check_num_prompts(body, info)
+        prompt_list = self._prompt_list(body, info)  # before any work for them: a grammar, tokenizing
         params = await self.sampling_params(body, info, raw_request)
-        prompts = await self._prompts(body, info)
+        prompts = await self._prompts(body, prompt_list, info)
         for prompt in prompts:
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")
         request_id = new_request_id("cmpl")
@@ -62,20 +62,20 @@ class Completions(OpenAIServing):
         return JSONResponse(response.model_dump(mode="json"))
 
     @staticmethod
-    def _check_num_prompts(body: CompletionRequest, info: EngineInfo) -> None:
-        """Before any work for them (a grammar, tokenizing): each prompt is a request of its own."""
-        limit, flag = info.prompts_per_request_limit
-        num_prompts = len(body.prompt) if isinstance(body.prompt, list) and body.prompt and \
-            isinstance(body.prompt[0], (str, list)) else 1
-        if num_prompts > limit:
-            raise APIError(400, f"prompt holds {num_prompts} prompts; one request may hold at most {limit} ({flag})",
-                           param="prompt")
-
-    async def _prompts(self, body: CompletionRequest, info: EngineInfo) -> list[_Prompt]:
+    def _prompt_list(body: CompletionRequest, info: EngineInfo) -> list[str] | list[list[int]]:
+        """The request's prompts, at most the server's limit of them (each is a request of its own)."""
         try:
             prompts = body.prompts()
         except ValueError as error:
             raise APIError(400, str(error), param="prompt") from None
+        limit, flag = info.prompts_per_request_limit
+        if len(prompts) > limit:
+            raise APIError(400, f"prompt holds {len(prompts)} prompts; one request may hold at most {limit} ({flag})",
+                           param="prompt")
+        return prompts
+
+    async def _prompts(self, body: CompletionRequest, prompts: list[str] | list[list[int]],
+                       info: EngineInfo) -> list[_Prompt]:
         result = []
         for prompt in prompts:
             if isinstance(prompt, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cache, cached_property
 
 from transformers import PreTrainedTokenizerBase
 
@@ -20,6 +21,7 @@ def _finite(value: float) -> float:
     return value if math.isfinite(value) else _MIN_LOGPROB
 
 
+@cache
 def _byte_level_alphabet() -> dict[str, int]:
     """Byte-level BPE's printable stand-in for each byte (GPT-2's table: printable Latin-1 bytes stand for
     themselves, the others for code points from 256 on, in byte order) -> the byte."""
@@ -39,10 +41,17 @@ class OpenAILogprobs:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
-        self._byte_alphabet = _byte_level_alphabet() if byte_level else None
-        self._special_ids = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+
+    # Built on the first `token_bytes` call: every request makes a formatter, few ask for chat logprobs, and the
+    # special ids cost ~0.25 ms on the event loop.
+    @cached_property
+    def _byte_alphabet(self) -> dict[str, int] | None:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        return _byte_level_alphabet() if type(getattr(backend, "decoder", None)).__name__ == "ByteLevel" else None
+
+    @cached_property
+    def _special_ids(self) -> set[int]:
+        return set(self.tokenizer.all_special_ids) | set(getattr(self.tokenizer, "added_tokens_decoder", {}))
 
     def token_bytes(self, token_id: int, text: str) -> list[int]:
         """The token's own bytes (OpenAI's `bytes`): a token holding part of a UTF-8 character decodes to U+FFFD

@@ -263,6 +263,5 @@ def _consume(future: asyncio.Future[object]) -> None:
 
 
 async def _abort_on_disconnect(raw_request: Request, stream: OutputStream) -> None:
-    while (await raw_request.receive())["type"] != "http.disconnect":
-        pass
+    await _disconnected(raw_request)
     stream.abort()

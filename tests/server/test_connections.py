@@ -72,7 +72,7 @@ GOOD = json.dumps({"prompt": "the quick", "max_tokens": 2, "temperature": 0})
 
 def test_a_500_keeps_the_keep_alive_connection(server, monkeypatch):
     """Row: after any 500, the next request on the same keep-alive connection failed with ECONNRESET."""
-    async def broken(self, body, info):
+    async def broken(self, *args):
         raise RuntimeError("injected bug")
 
     monkeypatch.setattr(Completions, "_prompts", broken)
