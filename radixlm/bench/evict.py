@@ -18,6 +18,8 @@ from radixlm.core.block_pool import BlockPool
 from radixlm.core.radix_cache import RadixCache
 
 BLOCK_SIZE = 16
+SHARED_PREFIX_TOKENS = 64
+MAX_BLOCKS = 10_000_000  # the pool keeps two Python lists of this length
 
 
 def evict_by_full_scan(cache: RadixCache, num_blocks: int) -> int:
@@ -51,7 +53,7 @@ def full_cache(num_blocks: int, tokens_per_request: int, seed: int) -> RadixCach
     rng = random.Random(seed)
     pool = BlockPool(num_blocks)
     cache = RadixCache(pool, BLOCK_SIZE)
-    prefix = list(range(64))
+    prefix = list(range(SHARED_PREFIX_TOKENS))
     requests = []
     blocks_per_request = -(-tokens_per_request // BLOCK_SIZE)
     while pool.num_free_blocks >= blocks_per_request:
@@ -65,7 +67,20 @@ def full_cache(num_blocks: int, tokens_per_request: int, seed: int) -> RadixCach
     return cache
 
 
+def check_options(sizes: list[int], tokens_per_request: int, num_evictions: int) -> None:
+    """ValueErrors naming the flag: each size in [1, MAX_BLOCKS], a request longer than the shared prefix by at least
+    a block (and at most a pool), at least one eviction."""
+    if not sizes or any(not 1 <= size <= MAX_BLOCKS for size in sizes):
+        raise ValueError(f"--num-blocks must list sizes in [1, {MAX_BLOCKS}], got {sizes}")
+    low, high = SHARED_PREFIX_TOKENS + BLOCK_SIZE, min(sizes) * BLOCK_SIZE
+    if not low <= tokens_per_request <= max(low, high):
+        raise ValueError(f"--tokens-per-request must be in [{low}, {max(low, high)}], got {tokens_per_request}")
+    if num_evictions < 1:
+        raise ValueError(f"--num-evictions must be >= 1, got {num_evictions}")
+
+
 def bench_evict(sizes: list[int], tokens_per_request: int, num_evictions: int, seed: int) -> None:
+    check_options(sizes, tokens_per_request, num_evictions)
     print("| blocks | nodes | heap, us per evict(1) | full scan, us | scan / heap | same tree |")
     print("|---|---|---|---|---|---|")
     for num_blocks in sizes:

@@ -199,3 +199,13 @@ def test_bench_evict_compares_the_heap_with_the_full_scan_on_the_same_tree(capsy
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 600 ") or
             line.startswith("| 2000 ")]
     assert len(rows) == 2 and all(row.endswith("| yes |") for row in rows), rows
+
+
+@pytest.mark.parametrize(("sizes", "tokens", "evictions", "flag"), [
+    ([0], 96, 1, "--num-blocks"), ([], 96, 1, "--num-blocks"), ([10**9], 96, 1, "--num-blocks"),
+    ([600], 10, 1, "--tokens-per-request"), ([600], 10**9, 1, "--tokens-per-request"),
+    ([600], 96, 0, "--num-evictions"),
+])
+def test_bench_evict_refuses_options_that_would_hang_or_exhaust_memory(sizes, tokens, evictions, flag):
+    with pytest.raises(ValueError, match=flag):
+        bench_evict(sizes, tokens_per_request=tokens, num_evictions=evictions, seed=0)
