@@ -28,12 +28,13 @@ from torch import nn
 from radixlm.model.decode_kernel import direct_kernel, extension_error
 
 MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
-# The int8 kernel's limit (a decode verifying up to 16 drafts): with AVX-512 VNNI each extra row costs the int8
-# multiply-adds of one token (compute), far less than fbgemm's path above it.
-INT8_MAX_ROWS = 17
+# The int8 kernel's limit (csrc/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
+# multiply-adds of one token (compute), less than fbgemm's path (with Int8Linear's scaling around it) up to about
+# 96 rows on a Xeon: 24.0 against 31.3 ms for the default model's linears at 32 rows, 45.2 against 51.9 at 64.
+INT8_MAX_ROWS = 64
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_TILE_ROWS = 8  # csrc/linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
-INT8_MAX_FEATURES = 8192  # the int8 kernel keeps its quantized rows on the stack
+INT8_MAX_FEATURES = 8192  # csrc/linear_int8.cpp's kMaxK: the bytes of a quantized row
 HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 
 
