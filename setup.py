@@ -17,8 +17,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
     # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there.
     flags = ["-O3", "-march=native", "-fopenmp"]
-    sources = ["csrc/paged_attention.cpp", "csrc/linear.cpp", "csrc/linear_int8.cpp", "csrc/kv_write.cpp",
-               "csrc/rms_norm.cpp", "csrc/rotary.cpp", "csrc/python_module.cpp"]
+    sources = ["csrc/paged_attention.cpp", "csrc/linear.cpp", "csrc/linear_int8.cpp", "csrc/int8_scaling.cpp",
+               "csrc/kv_write.cpp", "csrc/rms_norm.cpp", "csrc/rotary.cpp", "csrc/python_module.cpp"]
     ext_modules = [CppExtension("radixlm._C", sources, extra_compile_args=flags, extra_link_args=["-fopenmp"])]
     cmdclass = {"build_ext": BuildExtension}
 

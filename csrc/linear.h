@@ -15,4 +15,11 @@ at::Tensor small_batch_linear(const at::Tensor& input, const at::Tensor& weight,
 at::Tensor small_batch_int8_linear(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& weight_scales,
                                    const at::Tensor& weight_sums, const c10::optional<at::Tensor>& bias);
 
+// Int8Linear's scaling around fbgemm above the int8 kernel's rows (int8_scaling.cpp): x [M, K] -> [M + 1, K], each
+// row divided by its absolute maximum (written to row_max, M elements), then the range row (+1, 0, ..., 0, -1).
+at::Tensor int8_normalize_rows(const at::Tensor& input, at::Tensor& row_max);
+
+// fbgemm's output [M + 1, N] for those rows, in place: each of its first M rows times its row_max, plus the bias.
+void int8_rescale_rows_(at::Tensor& out, const at::Tensor& row_max, const c10::optional<at::Tensor>& bias);
+
 }  // namespace radixlm

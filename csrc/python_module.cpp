@@ -1,6 +1,6 @@
 // The module radixlm._C. Importing it runs the dispatcher registrations of the other files (torch.ops.radixlm.*,
 // which torch.compile and the reference tests use); its own functions call the small-batch linear kernels, the
-// RMSNorm, the rotary embedding and the decode attention directly.
+// int8 scaling around fbgemm, the RMSNorm, the rotary embedding and the decode attention directly.
 //
 // Why a second entry point: a decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each and 61
 // norms of a few, and a call through torch.ops parses its arguments against the schema and boxes them, about 1-2
@@ -94,6 +94,20 @@ PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t n
   });
 }
 
+PyObject* int8_normalize_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<2, false>("int8_normalize_rows", args, nargs, [](auto& t) {
+    return radixlm::int8_normalize_rows(*t[0], *t[1]);
+  });
+}
+
+// Returns its first argument, rescaled in place.
+PyObject* int8_rescale_rows_(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, true>("int8_rescale_rows_", args, nargs, [](auto& t) {
+    radixlm::int8_rescale_rows_(*t[0], *t[1], t[2]);
+    return *t[0];
+  });
+}
+
 PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!check_count("rms_norm", 3, nargs)) return nullptr;
   c10::optional<at::Tensor> x, weight;
@@ -149,6 +163,11 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
+    {"int8_normalize_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_normalize_rows)),
+     METH_FASTCALL, "int8_normalize_rows(x, row_max): torch.ops.radixlm.int8_normalize_rows without the dispatcher"},
+    {"int8_rescale_rows_", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_rescale_rows_)), METH_FASTCALL,
+     "int8_rescale_rows_(out, row_max, bias): torch.ops.radixlm.int8_rescale_rows_ without the dispatcher; returns "
+     "out"},
     {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm)), METH_FASTCALL,
      "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
     {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,

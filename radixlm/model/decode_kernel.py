@@ -28,18 +28,21 @@ def extension_error() -> str | None:
     except ImportError as error:
         return str(error)
     torch.library.register_fake("radixlm::paged_decode_attention")(_fake_decode_attention)
-    torch.library.register_fake("radixlm::write_kv")(_fake_write_kv)
+    torch.library.register_fake("radixlm::write_kv")(_fake_no_result)
     torch.library.register_fake("radixlm::rms_norm")(_fake_rms_norm)
     torch.library.register_fake("radixlm::rotary")(_fake_rotary)
     torch.library.register_fake("radixlm::small_batch_linear")(_fake_linear)
     torch.library.register_fake("radixlm::small_batch_int8_linear")(_fake_linear)
+    torch.library.register_fake("radixlm::int8_normalize_rows")(_fake_normalize_rows)
+    torch.library.register_fake("radixlm::int8_rescale_rows_")(_fake_no_result)
     return None
 
 
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/python_module.cpp: "small_batch_linear",
-    "small_batch_int8_linear", "rms_norm", "rotary": the arguments and result of `torch.ops.radixlm.<name>`, without
-    the dispatcher; "decode_attention", see `decode_layer`). Needs the extension (see `extension_error`)."""
+    "small_batch_int8_linear", "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary": the arguments and
+    result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention", see `decode_layer`). Needs the
+    extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -49,7 +52,7 @@ def _fake_decode_attention(query: torch.Tensor, *args: object) -> torch.Tensor:
     return query.new_empty(query.shape)
 
 
-def _fake_write_kv(*args: object) -> None:
+def _fake_no_result(*args: object) -> None:
     return None
 
 
@@ -59,6 +62,10 @@ def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
 
 def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _fake_normalize_rows(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0] + 1, x.shape[1])
 
 
 def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:

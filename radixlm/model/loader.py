@@ -143,7 +143,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
     if quantization is not None:
         num_linears = quantize_model(model, quantization,
-                                     small_batch=small_batch_kernels and int8_kernel_is_vectorized())
+                                     small_batch=small_batch_kernels and int8_kernel_is_vectorized(),
+                                     fused_scaling=small_batch_kernels)
         logger.info("quantized %d linear layers to %s", num_linears, quantization)
     elif small_batch_kernels:
         logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))

@@ -28,7 +28,7 @@ from torch import nn
 
 from radixlm.config import QUANTIZATION_METHODS
 from radixlm.model.decode_kernel import direct_kernel
-from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, gather_int8_weights
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, gather_int8_weights, kernels_available
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny
@@ -39,9 +39,11 @@ REDUCE_RANGE = False
 class Int8Linear(nn.Module):
     """Drop-in for a float32 `nn.Linear`: int8 per-channel weights, per-token int8 activations, float32 output."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small_batch: bool | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, small_batch: bool | None = None,
+                 fused_scaling: bool | None = None) -> None:
         """`small_batch`: run up to `INT8_MAX_ROWS` rows through radixlm._C's int8 kernel (bit-identical, faster; it
-        keeps its own copy of the int8 weights); None: when the extension is built."""
+        keeps its own copy of the int8 weights). `fused_scaling`: above that, scale the rows before and after fbgemm
+        with radixlm._C's two calls instead of six PyTorch ops (bit-identical). None: when the extension is built."""
         super().__init__()
         if weight.dtype != torch.float32:
             raise ValueError(f"int8 quantization needs float32 weights, got {weight.dtype}")
@@ -58,6 +60,10 @@ class Int8Linear(nn.Module):
         self._packed = torch.ops.quantized.linear_prepack(qweight, None)
         if small_batch is None:
             small_batch = Int8Rows.supported(self.in_features)
+        if fused_scaling is None:
+            fused_scaling = kernels_available()
+        self._normalize_rows = direct_kernel("int8_normalize_rows") if fused_scaling else None
+        self._rescale_rows = direct_kernel("int8_rescale_rows_") if fused_scaling else None
         self._small_batch = Int8Rows(qweight.int_repr(), qweight.q_per_channel_scales()) if small_batch else None
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         # The kernel's arguments after x, gathered once: a forward makes ~120 of these calls at batch 1, where each
@@ -74,13 +80,25 @@ class Int8Linear(nn.Module):
         self._small_batch_args = None if self._small_batch is None else self._small_batch.arguments(self.bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, small_batch: bool | None = None) -> Int8Linear:
-        return cls(linear.weight, linear.bias, small_batch)
+    def from_linear(cls, linear: nn.Linear, small_batch: bool | None = None,
+                    fused_scaling: bool | None = None) -> Int8Linear:
+        return cls(linear.weight, linear.bias, small_batch, fused_scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._small_batch_args is not None and x.numel() <= INT8_MAX_ROWS * self.in_features:
             return self._small_batch_kernel(x, *self._small_batch_args)
         rows = x.reshape(-1, self.in_features)
+        if self._normalize_rows is not None:
+            row_max = rows.new_empty(rows.shape[0])
+            normalized = self._normalize_rows(rows, row_max)
+            out = torch.ops.quantized.linear_dynamic(normalized, self._packed, REDUCE_RANGE)
+            out = self._rescale_rows(out, row_max, self.bias)[:-1]  # in place; the range row's output is dropped
+        else:
+            out = self._scaled_linear(rows)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _scaled_linear(self, rows: torch.Tensor) -> torch.Tensor:
+        """fbgemm with the per-token scaling in PyTorch ops: the reference for the fused calls."""
         # abs().amax(): the same exact values as vector_norm(ord=inf), which took 20x longer here (a slow path).
         row_max = rows.abs().amax(dim=1, keepdim=True).clamp_min_(_TINY)
         normalized = torch.cat((rows / row_max, self.range_row))
@@ -88,17 +106,18 @@ class Int8Linear(nn.Module):
         out = out * row_max
         if self.bias is not None:
             out += self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def quantize_model(model: nn.Module, method: str, small_batch: bool | None = None) -> int:
+def quantize_model(model: nn.Module, method: str, small_batch: bool | None = None,
+                   fused_scaling: bool | None = None) -> int:
     """Replace every float32 `nn.Linear` of `model` (the LM head included) in place; returns how many.
 
-    A head tied to the input embedding gets its own int8 copy: the embedding lookup stays float32. `small_batch`:
-    see `Int8Linear`.
+    A head tied to the input embedding gets its own int8 copy: the embedding lookup stays float32. `small_batch`,
+    `fused_scaling`: see `Int8Linear`.
     """
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization must be one of {QUANTIZATION_METHODS}, got {method!r}")
@@ -106,7 +125,7 @@ def quantize_model(model: nn.Module, method: str, small_batch: bool | None = Non
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Int8Linear.from_linear(linear, small_batch))
+        setattr(parent, child, Int8Linear.from_linear(linear, small_batch, fused_scaling))
     kernel_modules = [m for m in model.modules() if isinstance(m, Int8Linear) and m._small_batch is not None]
     if kernel_modules:
         gather_int8_weights([m._small_batch for m in kernel_modules])
