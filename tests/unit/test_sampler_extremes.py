@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixlm.request import Request
-from radixlm.sample.finite import LOGIT_LIMIT, clean_logits_
+from radixlm.sample.finite import LOGIT_LIMIT, clean_logits_, greedy_tokens
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 
@@ -137,3 +137,14 @@ def test_non_finite_or_negative_temperature_is_refused(value):
 @pytest.mark.parametrize(("temperature", "greedy"), [(0.0, True), (1e-45, True), (9.99e-6, True), (1e-5, False)])
 def test_greedy_below_1e_minus_5(temperature, greedy):
     assert SamplingParams(temperature=temperature).is_greedy is greedy
+
+
+def test_greedy_tokens_take_the_first_maximum_and_skip_nan():
+    torch.manual_seed(0)
+    rows = torch.randn(64, 1000).round()  # many ties for the maximum
+    rows[3, 10:20] = INF
+    rows[4] = -INF
+    assert torch.equal(greedy_tokens(rows), rows.argmax(1))
+    rows[5, 7] = float("nan")
+    rows[5, 9] = 50.0
+    assert int(greedy_tokens(rows)[5]) == 9
