@@ -3,7 +3,7 @@
 // appended; after it, in place, each output row multiplied back by that maximum, plus the bias. The same numbers as the
 // PyTorch ops it replaces (`abs().amax().clamp_min(tiny)`, `/`, `cat`, `* row_max`, `+= bias`): the maximum keeps
 // NaN as `amax` does, the division is a true division, and the product and the bias sum are rounded apart (no fused
-// multiply-add). Those six ops cost about 40 us a call at 64 rows and 0.5 ms at 512, where fbgemm itself takes
+// multiply-add). Those six ops cost 40-100 us a call at 64 rows and about 0.5 ms at 512, where fbgemm itself takes
 // 0.3 and 1.3.
 
 #include <torch/library.h>
