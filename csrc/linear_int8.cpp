@@ -1,6 +1,6 @@
-// The int8 linear layer for up to 64 rows (decode at small batch, a decode verifying drafts, a short chunk): radixlm.model.
-// quantize.Int8Linear's output, y = x W^T (+ b) with int8 W [N, K_pad] packed by tiles of rows and x [..., K]
-// holding M <= kMaxInt8Rows rows. (The float32 kernel is in linear.cpp.)
+// The int8 linear layer for up to 64 rows (decode at small batch, a decode verifying drafts, a short chunk):
+// radixlm.model.quantize.Int8Linear's output, y = x W^T (+ b) with int8 W [N, K_pad] packed by tiles of rows and
+// x [..., K] holding M <= kMaxInt8Rows rows. (The float32 kernel is in linear.cpp.)
 //
 // It reproduces PyTorch's fbgemm dynamic linear exactly as Int8Linear calls it (per-output-channel weight scales,
 // per-row activations): each row is divided by its absolute maximum, quantized to uint8 with scale 2/255 and zero
