@@ -2,7 +2,7 @@
 // kernel's rows (csrc/linear_int8.cpp): before it, each row divided by its absolute maximum, with the range row
 // appended; after it, in place, each output row multiplied back by that maximum, plus the bias. The same numbers as the
 // PyTorch ops it replaces (`abs().amax().clamp_min(tiny)`, `/`, `cat`, `* row_max`, `+= bias`): the maximum keeps
-// NaN as `amax` does, the division is a true division, and the product and the bias sum are rounded apart (no fused
+// NaN as `amax` does (int8_rows.h), the division is a true division, and the product and the bias sum are rounded apart (no fused
 // multiply-add). Those six ops cost 40-100 us a call at 64 rows and about 0.5 ms at 512, where fbgemm itself takes
 // 0.3 and 1.3.
 
@@ -10,43 +10,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <immintrin.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
+#include "int8_rows.h"
 #include "kernel_checks.h"
 #include "linear.h"
 
 namespace {
 
 constexpr int64_t kGrainElements = 1 << 16;  // elements per parallel task: small calls stay on the calling thread
-
-// max |x[i]| over the row, NaN when any element is NaN (as torch.amax), then at least the smallest normal float.
-float row_scale(const float* x, int64_t k) {
-  float top = 0.f;
-  bool nan = false;
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512 lanes = _mm512_setzero_ps();
-  __mmask16 unordered = 0;
-  for (; i + 16 <= k; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    lanes = _mm512_max_ps(lanes, _mm512_abs_ps(v));
-  }
-  nan = unordered != 0;
-  top = _mm512_reduce_max_ps(lanes);
-#endif
-  for (; i < k; ++i) {
-    nan = nan || std::isnan(x[i]);
-    top = std::max(top, std::fabs(x[i]));
-  }
-  if (nan) return std::numeric_limits<float>::quiet_NaN();
-  return std::max(top, std::numeric_limits<float>::min());
-}
 
 // row = row * scale (+ shift), in place, rounded as PyTorch rounds `out * row_max` and then `+= bias`: two steps,
 // never one fused multiply-add (a function of its own: the attribute does not reach into a lambda).
@@ -80,7 +53,7 @@ at::Tensor int8_normalize_rows(const at::Tensor& input, at::Tensor& row_max) {
   at::parallel_for(0, m_dim, std::max<int64_t>(1, kGrainElements / k_dim), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       const float* row = src + m * k_dim;
-      const float scale = row_scale(row, k_dim);
+      const float scale = radixlm_int8::row_abs_max(row, k_dim);
       scales[m] = scale;
       float* normalized = dst + m * k_dim;
       for (int64_t i = 0; i < k_dim; ++i) normalized[i] = row[i] / scale;

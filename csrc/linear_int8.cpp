@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 
+#include "int8_rows.h"
 #include "kernel_checks.h"
 
 namespace {
@@ -42,22 +43,10 @@ constexpr int64_t kInt8TileRows = 8;
 // Quantize row `x[0..k)` as fbgemm does for the range [-1, 1] after dividing by the row's absolute maximum.
 // Returns that maximum (the row's dequantization factor). `q` gets k bytes, zero-padded to `k_pad`.
 float quantize_row(const float* x, int64_t k, int64_t k_pad, uint8_t* q) {
-  float row_max = 0.f;
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  // GCC leaves this reduction scalar (a max chain of 3 cycles an element: a microsecond of a 1,536-feature call).
-  // vmaxps(a, b) returns b when a is NaN, so NaNs are skipped as std::max(row_max, NaN) skips them below.
-  __m512 lanes = _mm512_setzero_ps();
-  for (; i + 16 <= k; i += 16) lanes = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), lanes);
-  alignas(64) float lane_max[16];
-  _mm512_store_ps(lane_max, lanes);
-  for (const float lane : lane_max) row_max = std::max(row_max, lane);
-#endif
-  for (; i < k; ++i) row_max = std::max(row_max, std::fabs(x[i]));
-  row_max = std::max(row_max, std::numeric_limits<float>::min());  // all zeros: 0 / tiny = 0
+  const float row_max = radixlm_int8::row_abs_max(x, k);  // NaN rows give NaN outputs, as on fbgemm's path
   const float scale = static_cast<float>(2.0 / 255.0);
   const float inverse_scale = 1.f / scale;
-  for (i = 0; i < k; ++i) {
+  for (int64_t i = 0; i < k; ++i) {
     const float normalized = x[i] / row_max;
     const float transformed = std::fma(normalized, inverse_scale, static_cast<float>(kZeroPoint));
     const float rounded = std::nearbyint(transformed);

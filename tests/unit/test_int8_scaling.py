@@ -85,3 +85,17 @@ def test_the_direct_calls_equal_the_ops_and_check_their_arguments():
         rescale(torch.randn(9, 6).t(), row_max, None)
     with pytest.raises(TypeError, match="2 arguments"):
         normalize(x)
+
+
+def test_a_nan_row_gives_nan_on_either_side_of_the_kernel_limit():
+    torch.manual_seed(1)
+    linear = nn.Linear(48, 33)
+    kernel = Int8Linear.from_linear(linear, small_batch=True)
+    if kernel._small_batch is None:
+        pytest.skip("the int8 kernel is not built or not vectorised here")
+    reference = Int8Linear.from_linear(linear, small_batch=False, fused_scaling=False)
+    x = torch.randn(3, 48)
+    x[1, 7] = math.nan
+    with torch.inference_mode():
+        _assert_same(kernel(x), reference(x))  # the kernel's rows
+        assert torch.isnan(kernel(x)[1]).all() and torch.isfinite(kernel(x)[[0, 2]]).all()
