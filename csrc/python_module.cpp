@@ -13,8 +13,10 @@
 #include <array>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "linear.h"
+#include "linear_gguf.h"
 #include "paged_attention.h"
 #include "rms_norm.h"
 #include "rotary.h"
@@ -122,6 +124,39 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                                [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
 }
 
+// gguf_linear(x, blocks, ggml_type, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher.
+PyObject* gguf_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4 && nargs != 5) {
+    PyErr_Format(PyExc_TypeError, "gguf_linear takes 4 or 5 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  c10::optional<at::Tensor> x, blocks, bias;
+  if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &blocks) || !tensor_arg(args, 3, true, &bias)) {
+    return nullptr;
+  }
+  const long long ggml_type = PyLong_AsLongLong(args[2]);
+  if (ggml_type == -1 && PyErr_Occurred()) return nullptr;
+  const long long path = nargs == 5 ? PyLong_AsLongLong(args[4]) : radixlm::kGgufPathBest;
+  if (path == -1 && PyErr_Occurred()) return nullptr;
+  return run_kernel([&] { return radixlm::gguf_linear(*x, *blocks, ggml_type, bias, path); });
+}
+
+// The gguf_linear paths this CPU runs, a list of ints, best last.
+PyObject* gguf_linear_paths(PyObject*, PyObject*) {
+  const std::vector<int64_t> paths = radixlm::gguf_linear_paths();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(paths.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    PyObject* item = PyLong_FromLongLong(paths[i]);
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
 // decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens,
 // slot_mapping, block_size, scale, sliding_window, softcap): one attention layer of a step in which every row
 // decodes, from the tensors transformers passes (query [1, Hq, T, D], the new key and value [1, Hkv, T, D]) to
@@ -163,6 +198,10 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
+    {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,
+     "gguf_linear(x, blocks, ggml_type, bias, path=0): torch.ops.radixlm.gguf_linear without the dispatcher"},
+    {"gguf_linear_paths", gguf_linear_paths, METH_NOARGS,
+     "gguf_linear_paths(): the gguf_linear paths this CPU runs (1 portable, 2 AVX2), best last"},
     {"int8_normalize_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_normalize_rows)),
      METH_FASTCALL, "int8_normalize_rows(x, row_max): torch.ops.radixlm.int8_normalize_rows without the dispatcher"},
     {"int8_rescale_rows_", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_rescale_rows_)), METH_FASTCALL,

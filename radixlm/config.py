@@ -17,7 +17,7 @@ SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-QUANTIZATION_METHODS: tuple[str, ...] = ("int8",)
+QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf")
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 MAX_SPECULATIVE_TOKENS = 16
@@ -61,7 +61,7 @@ def _help(text: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class ModelConfig:
     model: str = field(default=DEFAULT_MODEL, metadata=_help(
-        "local HF model directory, a .gguf file, or the default model name (converted once and cached)"))
+        "local HF model directory, a .gguf file (read in place), or the default model name"))
     dtype: str = field(default="auto", metadata=_help(
         "weights and KV cache dtype: float32, bfloat16, float16, or auto (bfloat16 on CUDA, float32 on CPU)"))
     max_model_len: int | None = field(default=None, metadata=_help(
@@ -71,7 +71,8 @@ class ModelConfig:
     num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
     quantization: str | None = field(default=None, metadata=_help(
         "weight quantization: int8 (every linear, LM head included: int8 per-channel weights, per-token int8 "
-        "activations, PyTorch's fbgemm kernel; needs --dtype float32 and --device cpu)"))
+        "activations, PyTorch's fbgemm kernel) or gguf (a .gguf model's linears and embedding served in the file's "
+        "own blocks: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; float32 activations); both need --dtype float32 and --device cpu"))
     attention_backend: str = field(default="auto", metadata=_help(
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
     distributed_executor_backend: str = field(default="uni", metadata=_help(

@@ -101,6 +101,9 @@ def _add_side_by_side_args(parser: argparse.ArgumentParser, radixlm_sets: str, c
                         help="starts llama-server on the port given as its argument (empty: no peer)")
     parser.add_argument("--peer-port", type=int, default=8002)
     parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file both servers load (radixlm sets without --model get it; the peer via "
+                             "GGUF=); default: the default model")
     parser.set_defaults(handler=_cmd_peers)
 
 
@@ -109,7 +112,7 @@ def _cmd_peers(args: argparse.Namespace) -> None:
 
     cases = [Case.parse(text) for text in args.cases.split(",") if text]
     bench_peers([s for s in args.radixlm.split(";")], cases, args.peer_script or None, args.peer_port,
-                args.workload_seed)
+                args.workload_seed, args.model)
 
 
 def _cmd_structured(args: argparse.Namespace) -> None:
@@ -139,7 +142,8 @@ def _cmd_quality(args: argparse.Namespace) -> None:
     from radixlm.bench.quality import bench_quality
     from radixlm.cli import engine_kwargs
 
-    bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window)
+    bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window,
+                  reference_model=args.reference_model)
 
 
 def add_bench_commands(commands: Any) -> None:
@@ -209,6 +213,9 @@ def add_bench_commands(commands: Any) -> None:
     quality.add_argument("--num-prompts", type=int, default=32, help="chat prompts for greedy agreement")
     quality.add_argument("--num-tokens", type=int, default=64, help="greedy tokens compared per prompt")
     quality.add_argument("--window", type=int, default=512, help="tokens per scoring window of the shipped text")
+    quality.add_argument("--reference-model", default=None,
+                         help="the float32 reference's model (default: --model), e.g. the default model against "
+                              "its requantized GGUFs; it must share the tokenizer")
     add_engine_args(quality)
     quality.set_defaults(handler=_cmd_quality)
 

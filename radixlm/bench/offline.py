@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from radixlm.bench.workload import BenchRequest, random_requests
 from radixlm.engine.llm import LLM
-from radixlm.model.loader import load_tokenizer, resolve_model_dir
+from radixlm.model.loader import float32_checkpoint, load_tokenizer, resolve_model_dir
 from radixlm.sampling_params import SamplingParams
 
 
@@ -98,7 +98,7 @@ def bench_offline(engine_options: dict, num_prompts: int, input_len: tuple[int, 
         del llm
         gc.collect()
     if hf_batch_sizes:
-        hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf_model = AutoModelForCausalLM.from_pretrained(float32_checkpoint(model_dir), dtype=torch.float32).eval()
         tokenizer = load_tokenizer(model_dir)
         for batch_size in hf_batch_sizes:
             results.append(run_hf_static(hf_model, tokenizer, requests, batch_size))

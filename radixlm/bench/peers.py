@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -50,8 +51,11 @@ class Case:
 
 
 @contextlib.contextmanager
-def peer_server(script: str, port: int, timeout: float = 300.0) -> Iterator[str]:
-    process = subprocess.Popen(["bash", script, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def peer_server(script: str, port: int, model: str | None = None, timeout: float = 300.0) -> Iterator[str]:
+    """The peer started by `script` on `port`, on the GGUF file `model` (the script's default when None)."""
+    env = dict(os.environ, **({"GGUF": str(Path(model).resolve())} if model else {}))
+    process = subprocess.Popen(["bash", script, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base_url, process, timeout, script)
@@ -72,19 +76,26 @@ def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int) -> d
     return results
 
 
-def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int) -> None:
-    tokenizer = load_tokenizer(resolve_model_dir("SmolLM2-135M-Instruct"))
+def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int,
+                model: str | None = None) -> None:
+    """`model`: a .gguf file the peer and every radixlm set (that names no --model of its own) serve."""
+    if model is not None and not (model.endswith(".gguf") and Path(model).is_file()):
+        raise ValueError(f"--model must be an existing .gguf file (the peer loads GGUF only), got {model!r}")
+    tokenizer = load_tokenizer(resolve_model_dir(model or "SmolLM2-135M-Instruct"))
     columns: dict[str, dict[Case, dict[str, float]]] = {}
     if peer_script:
         if not Path(peer_script).exists():
             raise FileNotFoundError(f"no peer start script at {peer_script}")
-        print("llama-server:", flush=True)
-        with peer_server(peer_script, port) as url:
+        print(f"llama-server{f' ({Path(model).name})' if model else ''}:", flush=True)
+        with peer_server(peer_script, port, model) as url:
             columns["llama-server"] = measure(url, cases, tokenizer, seed)
     for flags in radixlm_sets:
         label = f"radixlm {flags}".strip()
         print(f"{label}:", flush=True)
-        with own_server(shlex.split(flags)) as (url, _):
+        argv = shlex.split(flags)
+        if model is not None and "--model" not in argv:
+            argv += ["--model", model]
+        with own_server(argv) as (url, _):
             columns[label] = measure(url, cases, tokenizer, seed)
     print_table(columns, cases)
 

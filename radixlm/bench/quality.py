@@ -94,10 +94,13 @@ def _run(options: dict[str, Any], prompts_text: tuple[str, ...], text: str, num_
 
 
 def bench_quality(engine_options: dict[str, Any], num_prompts: int = 32, num_tokens: int = 64, window: int = 512,
-                  text_path: Path = TEXT_PATH) -> QualityReport:
+                  text_path: Path = TEXT_PATH, reference_model: str | None = None) -> QualityReport:
+    """`reference_model`: the float32 reference's model when it is not the candidate's (the same tokenizer)."""
     prompts = (CHAT_PROMPTS * (num_prompts // len(CHAT_PROMPTS) + 1))[:num_prompts]
     text = text_path.read_text()
     reference_options = {k: v for k, v in engine_options.items() if k in SHARED_OPTIONS}
+    if reference_model is not None:
+        reference_options["model"] = reference_model
     ref_outputs, ref_logprobs = _run(reference_options, prompts, text, num_tokens, window)
     cand_outputs, cand_logprobs = _run(engine_options, prompts, text, num_tokens, window)
     prefixes = [_matching_prefix(r, c) for r, c in zip(ref_outputs, cand_outputs, strict=True)]
@@ -113,7 +116,8 @@ def bench_quality(engine_options: dict[str, Any], num_prompts: int = 32, num_tok
 
 def print_report(report: QualityReport, options: dict[str, Any], reference_options: dict[str, Any]) -> None:
     tested = {k: v for k, v in options.items() if k not in reference_options} or "(defaults)"
-    print(f"\nquality of {tested} against the float32 engine with default flags")
+    reference = f" on {reference_options['model']}" if reference_options.get("model") != options.get("model") else ""
+    print(f"\nquality of {tested} against the float32 engine with default flags{reference}")
     print(f"| greedy: prompts identical over {report.num_tokens} tokens | mean matching prefix | text tokens "
           "| mean logprob ref | mean logprob candidate | delta | mean abs delta per token |")
     print("|---|---|---|---|---|---|---|")

@@ -25,9 +25,10 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.engine.llm_engine import LLMEngine
+from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.quantize import Int8Linear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 
@@ -43,6 +44,8 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
         if isinstance(module, Int8Linear):
             if module._small_batch is not None:
                 tensors.append(module._small_batch.weight)
+        elif isinstance(module, GGUFLinear):
+            tensors.extend(part.blocks for part in module.parts)
         else:
             tensors.append(module.weight)
     return tensors
@@ -74,10 +77,11 @@ def read_seconds(tensors: list[torch.Tensor], repeats: int = 5) -> float:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of weights the linear layers read per forward (int8 values and scales for `Int8Linear`)."""
+    """Bytes of weights the linear layers read per forward (int8 values and scales for `Int8Linear`, the blocks
+    for `GGUFLinear`)."""
     total = 0
     for module in linear_modules(model):
-        if isinstance(module, Int8Linear):
+        if isinstance(module, (Int8Linear, GGUFLinear)):
             total += module.weight_bytes
         else:
             total += module.weight.numel() * module.weight.element_size()

@@ -27,6 +27,7 @@ from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.model.decode_kernel import direct_kernel, extension_error
+from radixlm.model.gguf_linear import GGUFLinear
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
@@ -81,10 +82,15 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _concat_linears(*linears: nn.Linear) -> nn.Linear:
+def _concat_linears(*linears: nn.Module) -> nn.Module:
     """One linear layer computing the outputs of `linears` side by side. Under tensor parallelism the inputs are
     column-sharded (each rank holds some output features of each), so the local shards are concatenated: the
-    result computes this rank's outputs of each, in order, which is what the sharded modules computed."""
+    result computes this rank's outputs of each, in order, which is what the sharded modules computed. GGUF
+    linears concatenate their blocks (`GGUFLinear.concat`)."""
+    if all(isinstance(linear, GGUFLinear) for linear in linears):
+        return GGUFLinear.concat(linears)
+    if any(isinstance(linear, GGUFLinear) for linear in linears):
+        return StackedLinears(linears)  # a GGUF file whose tensors mix packed and float formats
     weights = [_local(lin.weight) for lin in linears]
     has_bias = linears[0].bias is not None
     fused = nn.Linear(weights[0].shape[1], sum(w.shape[0] for w in weights), bias=has_bias,
@@ -94,6 +100,17 @@ def _concat_linears(*linears: nn.Linear) -> nn.Linear:
         if has_bias:
             fused.bias.copy_(torch.cat([_local(lin.bias) for lin in linears]))
     return fused.requires_grad_(False)
+
+
+class StackedLinears(nn.Module):
+    """Linear layers of different kinds run one after the other, their outputs side by side."""
+
+    def __init__(self, linears: tuple[nn.Module, ...]) -> None:
+        super().__init__()
+        self.linears = nn.ModuleList(linears)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([linear(x) for linear in self.linears], dim=-1)
 
 
 def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
@@ -123,11 +140,18 @@ def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     return self.o_proj(output.reshape(*lead, -1)), None
 
 
+def _local_out_features(linear: nn.Module) -> int:
+    """This rank's output features of a linear layer (a GGUF one is never sharded)."""
+    return linear.out_features if isinstance(linear, GGUFLinear) else _local(linear.weight).shape[0]
+
+
 def _fuse_attention(module: nn.Module, sliding_window: int | None, cpp_kernels: bool) -> None:
     module.qkv_proj = _concat_linears(module.q_proj, module.k_proj, module.v_proj)
-    module.rotary_kernel = _cpp_kernel("rotary", module.qkv_proj.weight) if cpp_kernels else None
-    module.num_heads = _local(module.q_proj.weight).shape[0] // module.head_dim  # this rank's heads
-    module.num_kv_heads = _local(module.k_proj.weight).shape[0] // module.head_dim
+    # A GGUF projection computes in float32 on the CPU, what the rotary kernel takes.
+    reference = module.qkv_proj.weight if isinstance(module.qkv_proj, nn.Linear) else torch.empty(0)
+    module.rotary_kernel = _cpp_kernel("rotary", reference) if cpp_kernels else None
+    module.num_heads = _local_out_features(module.q_proj) // module.head_dim  # this rank's heads
+    module.num_kv_heads = _local_out_features(module.k_proj) // module.head_dim
     module.fused_window = sliding_window
     del module.q_proj, module.k_proj, module.v_proj
     module.forward = types.MethodType(_fused_attention_forward, module)
@@ -137,7 +161,13 @@ def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
     """Replace the norms, MLPs and attention blocks `model` has fused versions of, in place; returns how many.
     `cpp_kernels`: float32 CPU norms and rotary embeddings run radixlm._C's kernels (when it is built)."""
     replaced = 0
-    for name, module in list(model.named_modules()):
+    # Names, not modules: a list of the modules would keep every replaced projection alive until the end (for
+    # packed or float weights alike, a second copy of every fused matrix at the peak).
+    for name in [name for name, _ in model.named_modules()]:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:  # inside a module replaced earlier in this loop
+            continue
         kind = type(module).__name__
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

