@@ -16,11 +16,11 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
 
     # -march=native: the extension is built on the machine that runs it, so use its ISA (AVX2 + FMA at least;
     # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there. (The GGUF
-    # linear's AVX2 kernels are chosen at run time and build without it: csrc/gguf_avx2.cpp.)
+    # linear's AVX2 and AVX-512 kernels are chosen at run time and build without it: csrc/gguf_avx*.cpp.)
     flags = ["-O3", "-march=native", "-fopenmp"]
     sources = ["csrc/paged_attention.cpp", "csrc/linear.cpp", "csrc/linear_int8.cpp", "csrc/int8_scaling.cpp",
                "csrc/kv_write.cpp", "csrc/rms_norm.cpp", "csrc/rotary.cpp", "csrc/linear_gguf.cpp",
-               "csrc/gguf_portable.cpp", "csrc/gguf_avx2.cpp", "csrc/python_module.cpp"]
+               "csrc/gguf_portable.cpp", "csrc/gguf_avx2.cpp", "csrc/gguf_avx512.cpp", "csrc/python_module.cpp"]
     ext_modules = [CppExtension("radixlm._C", sources, extra_compile_args=flags, extra_link_args=["-fopenmp"])]
     cmdclass = {"build_ext": BuildExtension}
 

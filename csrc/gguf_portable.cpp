@@ -1,137 +1,199 @@
-// The GGUF linear's portable kernels (see gguf_kernels.h): plain loops written as the reference computes, which the
-// compiler vectorizes for whatever the build targets. They run where the CPU lacks AVX2 and serve as the second
-// implementation the tests compare the AVX2 one with.
-
-#include "gguf_kernels.h"
+// The GGUF linear's portable kernels (gguf_kernels.h): plain loops over a tile's K-blocks, each unpacked into bytes
+// and floats first, then multiplied in int32 with every activation row. They run where the CPU has neither AVX2 nor
+// AVX-512, and they are the statement of the arithmetic the vector kernels repeat operation for operation (the
+// tests hold them bit-identical): per K-block b and output column c,
+//   acc = fma(float(dot), scale[c] * step[b], acc), then acc = fma(offset[c], sum32[b], acc)
+// with dot the int32 sum of the block's stored quants times the activation bytes (Q6_K: each 16-weight half on its
+// own, its own scale and offset, against sum16), and finally acc + bias[c].
+//
+// Also here: a tile row dequantized with the operations of radixlm.model.gguf_blocks.dequantize (embeddings).
 
 #include <c10/util/Half.h>
 
+#include <cmath>
 #include <cstring>
+
+#include "gguf_kernels.h"
 
 namespace radixlm_gguf {
 namespace {
 
 inline float half_at(const uint8_t* p) { return c10::detail::fp16_ieee_to_fp32_value(load_u16(p)); }
 
-void decode_q8_0(const uint8_t* src, int64_t blocks, float* dst) {
-  for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
-    const float d = half_at(src);
-    for (int i = 0; i < 32; ++i) dst[i] = static_cast<float>(static_cast<int8_t>(src[2 + i])) * d;
-  }
-}
+// One K-block of a tile: for each of the 16 rows, its 32 stored quants (unsigned bytes, as vpdpbusd takes them), and
+// the scale and offset of each 16-weight half (the same for both halves but in Q6_K).
+struct KBlock {
+  uint8_t q[kTileRows][kBlock];
+  float scale[kTileRows][2], offset[kTileRows][2];
+};
 
-void decode_q4_0(const uint8_t* src, int64_t blocks, float* dst) {
-  for (int64_t b = 0; b < blocks; ++b, src += 18, dst += 32) {
-    const float d = half_at(src);
-    for (int i = 0; i < 16; ++i) {
-      dst[i] = d * static_cast<float>((src[2 + i] & 15) - 8);
-      dst[i + 16] = d * static_cast<float>((src[2 + i] >> 4) - 8);
-    }
-  }
-}
-
-void decode_q4_1(const uint8_t* src, int64_t blocks, float* dst) {
-  for (int64_t b = 0; b < blocks; ++b, src += 20, dst += 32) {
-    const float d = half_at(src), m = half_at(src + 2);
-    for (int i = 0; i < 16; ++i) {
-      dst[i] = d * static_cast<float>(src[4 + i] & 15) + m;
-      dst[i + 16] = d * static_cast<float>(src[4 + i] >> 4) + m;
-    }
-  }
-}
-
-void decode_q4_k(const uint8_t* src, int64_t blocks, float* dst) {
-  for (int64_t b = 0; b < blocks; ++b, src += 144, dst += 256) {
-    const float d = half_at(src), dmin = half_at(src + 2);
-    const Q4KScales packed = q4_k_scales(src + 4);
-    float scale[8], offset[8];
-    for (int j = 0; j < 8; ++j) {
-      scale[j] = d * static_cast<float>((packed.scales >> (8 * j)) & 0xFF);
-      offset[j] = dmin * static_cast<float>((packed.mins >> (8 * j)) & 0xFF);
-    }
-    for (int g = 0; g < 4; ++g) {  // 32 bytes: sub-block 2g in the low nibbles, 2g + 1 in the high ones
-      const uint8_t* q = src + 16 + 32 * g;
-      const float s0 = scale[2 * g], m0 = offset[2 * g], s1 = scale[2 * g + 1], m1 = offset[2 * g + 1];
-      for (int i = 0; i < 32; ++i) {
-        dst[64 * g + i] = s0 * static_cast<float>(q[i] & 15) - m0;
-        dst[64 * g + 32 + i] = s1 * static_cast<float>(q[i] >> 4) - m1;
+// Quants of 4-bit layouts: vector p, byte 4r + i holds q[r][4p+i] (low nibble) and q[r][16+4p+i] (high).
+void unpack_nibbles(const uint8_t* quants, KBlock& u) {
+  for (int p = 0; p < 4; ++p) {
+    for (int r = 0; r < kTileRows; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t byte = quants[64 * p + 4 * r + i];
+        u.q[r][4 * p + i] = byte & 15;
+        u.q[r][16 + 4 * p + i] = byte >> 4;
       }
     }
   }
 }
 
-void decode_q6_k(const uint8_t* src, int64_t blocks, float* dst) {
-  for (int64_t b = 0; b < blocks; ++b, src += 210, dst += 256) {
-    const float d = half_at(src + 208);
-    float scale[16];
-    for (int j = 0; j < 16; ++j) scale[j] = d * static_cast<float>(static_cast<int8_t>(src[192 + j]));
-    for (int h = 0; h < 2; ++h) {  // a half: 64 bytes of low nibbles, 32 of 2-bit pairs
-      const uint8_t* ql = src + 64 * h;
-      const uint8_t* qh = src + 128 + 32 * h;
-      float* out = dst + 128 * h;
-      for (int i = 0; i < 32; ++i) {
-        const int q[4] = {(ql[i] & 15) | ((qh[i] & 3) << 4), (ql[i + 32] & 15) | (((qh[i] >> 2) & 3) << 4),
-                          (ql[i] >> 4) | (((qh[i] >> 4) & 3) << 4), (ql[i + 32] >> 4) | ((qh[i] >> 6) << 4)};
-        for (int s = 0; s < 4; ++s) {
-          out[32 * s + i] = scale[8 * h + 2 * s + i / 16] * static_cast<float>(q[s] - 32);
+void set_scales(KBlock& u, int r, float scale, float offset) {
+  u.scale[r][0] = u.scale[r][1] = scale;
+  u.offset[r][0] = u.offset[r][1] = offset;
+}
+
+// K-block j of the super-block at `super`.
+void unpack_q8_0(const uint8_t* super, int, KBlock& u) {
+  for (int g = 0; g < 8; ++g) {
+    for (int r = 0; r < kTileRows; ++r) std::memcpy(&u.q[r][4 * g], super + 32 + 64 * g + 4 * r, 4);
+  }
+  for (int r = 0; r < kTileRows; ++r) {
+    const float d = half_at(super + 2 * r);
+    set_scales(u, r, d, -128.f * d);  // the quants are stored as q + 128
+  }
+}
+
+void unpack_q4_0(const uint8_t* super, int, KBlock& u) {
+  unpack_nibbles(super + 32, u);
+  for (int r = 0; r < kTileRows; ++r) {
+    const float d = half_at(super + 2 * r);
+    set_scales(u, r, d, -8.f * d);
+  }
+}
+
+void unpack_q4_1(const uint8_t* super, int, KBlock& u) {
+  unpack_nibbles(super + 64, u);
+  for (int r = 0; r < kTileRows; ++r) set_scales(u, r, half_at(super + 2 * r), half_at(super + 32 + 2 * r));
+}
+
+void unpack_q4_k(const uint8_t* super, int j, KBlock& u) {
+  unpack_nibbles(super + 320 + 256 * j, u);
+  for (int r = 0; r < kTileRows; ++r) {
+    const float scale = half_at(super + 2 * r) * static_cast<float>(super[64 + 16 * j + r]);
+    const float offset = half_at(super + 32 + 2 * r) * static_cast<float>(super[192 + 16 * j + r]);
+    set_scales(u, r, scale, -offset);
+  }
+}
+
+void unpack_q6_k(const uint8_t* super, int j, KBlock& u) {
+  const uint8_t* quants = super + 288 + 384 * j;
+  unpack_nibbles(quants, u);
+  for (int h = 0; h < 2; ++h) {  // vector h, bits 2c, 2c + 1: the high bits of group 4h + c
+    for (int r = 0; r < kTileRows; ++r) {
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t byte = quants[256 + 64 * h + 4 * r + i];
+        for (int c = 0; c < 4; ++c) u.q[r][4 * (4 * h + c) + i] |= ((byte >> (2 * c)) & 3) << 4;
+      }
+    }
+  }
+  for (int r = 0; r < kTileRows; ++r) {
+    const float d = half_at(super + 2 * r);
+    for (int h = 0; h < 2; ++h) {
+      const float scale = d * static_cast<float>(static_cast<int8_t>(super[32 + 16 * (2 * j + h) + r]));
+      u.scale[r][h] = scale;
+      u.offset[r][h] = -32.f * scale;
+    }
+  }
+}
+
+using Unpack = void (*)(const uint8_t* super, int j, KBlock& u);
+
+template <Unpack kUnpack, int64_t kSuperWeights, int64_t kSuperBytes, bool kHalves>
+void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out, int64_t ld_out,
+                 int64_t cols, const float* bias) {
+  constexpr int64_t kPerSuper = kSuperWeights / kBlock;
+  const int64_t blocks = x.k / kBlock;
+  float acc[8][kTileRows] = {};  // rows <= 8 (linear_gguf.cpp's chunks)
+  KBlock u;
+  for (int64_t b = 0; b < blocks; ++b) {
+    kUnpack(tile + b / kPerSuper * kSuperBytes, static_cast<int>(b % kPerSuper), u);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r;
+      const int8_t* xq = x.q + m * x.k + b * kBlock;
+      const float step = x.step[m * blocks + b];
+      for (int c = 0; c < kTileRows; ++c) {
+        int32_t low = 0, high = 0;
+        for (int i = 0; i < 16; ++i) low += u.q[c][i] * xq[i];
+        for (int i = 16; i < 32; ++i) high += u.q[c][i] * xq[i];
+        float a = acc[r][c];
+        if (kHalves) {
+          const float scale0 = u.scale[c][0] * step, scale1 = u.scale[c][1] * step;
+          a = std::fma(static_cast<float>(low), scale0, a);
+          a = std::fma(static_cast<float>(high), scale1, a);
+          a = std::fma(u.offset[c][0], x.sum16[2 * (m * blocks + b)], a);
+          a = std::fma(u.offset[c][1], x.sum16[2 * (m * blocks + b) + 1], a);
+        } else {
+          const float scale = u.scale[c][0] * step;
+          a = std::fma(static_cast<float>(low + high), scale, a);
+          a = std::fma(u.offset[c][0], x.sum32[m * blocks + b], a);
         }
+        acc[r][c] = a;
       }
     }
   }
-}
-
-typedef float v8f __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// Dot's contract for kRows activation rows and kTile weight rows, accumulated in registers.
-template <int kRows, int kTile>
-void dot_group(const float* x, int64_t ldx, const float* w, int64_t len, float* partial) {
-  v8f acc[kRows][kTile] = {};
-  for (int64_t k = 0; k < len; k += 8) {
-    v8f wv[kTile];
-    for (int t = 0; t < kTile; ++t) wv[t] = load8(w + t * kSpan + k);
-    for (int r = 0; r < kRows; ++r) {
-      const v8f xv = load8(x + r * ldx + k);
-      for (int t = 0; t < kTile; ++t) acc[r][t] += xv * wv[t];
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int t = 0; t < kTile; ++t) {
-      float sum = 0.f;
-      for (int i = 0; i < 8; ++i) sum += acc[r][t][i];
-      partial[r * kTileRows + t] += sum;
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[(m0 + r) * ld_out + c] = bias ? acc[r][c] + bias[c] : acc[r][c];
   }
 }
 
-template <int kTile>
-void dot_rows(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t len, float* partial) {
-  int64_t m = 0;
-  for (; m + 2 <= rows; m += 2) dot_group<2, kTile>(x + m * ldx, ldx, w, len, partial + m * kTileRows);
-  if (m < rows) dot_group<1, kTile>(x + m * ldx, ldx, w, len, partial + m * kTileRows);
-}
-
-void dot(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t tile_rows, int64_t len, float* partial) {
-  if (tile_rows == kTileRows) return dot_rows<kTileRows>(x, ldx, rows, w, len, partial);
-  for (int64_t t = 0; t < tile_rows; ++t) dot_rows<1>(x, ldx, rows, w + t * kSpan, len, partial + t);
+// The reference's float operations, each rounded on its own (no contraction into a fused multiply-add).
+__attribute__((optimize("fp-contract=off"))) void dequantize_row(int64_t type, const uint8_t* tile, int64_t k,
+                                                                  int64_t row, float* out) {
+  KBlock u;
+  for (int64_t b = 0; b < k / kBlock; ++b, out += kBlock) {
+    switch (type) {
+      case kQ8_0: {
+        const uint8_t* super = tile + b * 544;
+        unpack_q8_0(super, 0, u);
+        const float d = half_at(super + 2 * row);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(static_cast<int8_t>(u.q[row][i] ^ 0x80)) * d;
+        break;
+      }
+      case kQ4_0: {
+        const uint8_t* super = tile + b * 288;
+        unpack_q4_0(super, 0, u);
+        const float d = half_at(super + 2 * row);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i] - 8) * d;
+        break;
+      }
+      case kQ4_1: {
+        const uint8_t* super = tile + b * 320;
+        unpack_q4_1(super, 0, u);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row][0];
+        break;
+      }
+      case kQ4_K: {  // (d scale) q - (dmin min)
+        unpack_q4_k(tile + b / 8 * 2368, static_cast<int>(b % 8), u);
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row][0];
+        break;
+      }
+      default: {  // Q6_K: (d scale) (q - 32)
+        unpack_q6_k(tile + b / 8 * 3360, static_cast<int>(b % 8), u);
+        for (int i = 0; i < 32; ++i) out[i] = u.scale[row][i / 16] * static_cast<float>(u.q[row][i] - 32);
+        break;
+      }
+    }
+  }
 }
 
 }  // namespace
 
-Kernels portable_kernels(int64_t type) {
+TileKernel portable_kernel(int64_t type) {
   switch (type) {
-    case kQ8_0: return {decode_q8_0, dot, nullptr};
-    case kQ4_0: return {decode_q4_0, dot, nullptr};
-    case kQ4_1: return {decode_q4_1, dot, nullptr};
-    case kQ4_K: return {decode_q4_k, dot, nullptr};
-    case kQ6_K: return {decode_q6_k, dot, nullptr};
-    default: return {nullptr, nullptr, nullptr};
+    case kQ8_0: return tile_kernel<unpack_q8_0, 32, 544, false>;
+    case kQ4_0: return tile_kernel<unpack_q4_0, 32, 288, false>;
+    case kQ4_1: return tile_kernel<unpack_q4_1, 32, 320, false>;
+    case kQ4_K: return tile_kernel<unpack_q4_k, 256, 2368, false>;
+    case kQ6_K: return tile_kernel<unpack_q6_k, 256, 3360, true>;
+    default: return nullptr;
   }
+}
+
+void dequantize_tile_row(int64_t type, const uint8_t* tile, int64_t k, int64_t row, float* out) {
+  dequantize_row(type, tile, k, row, out);
 }
 
 }  // namespace radixlm_gguf

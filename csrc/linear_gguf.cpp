@@ -1,15 +1,15 @@
-// The GGUF linear: y = x W^T (+ b) for a few float32 rows x [..., K] (decode, a decode verifying drafts) with W
-// [N, K] kept in GGUF's packed blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K; gguf_kernels.h), never dequantized whole.
+// The GGUF linear: y = x W^T (+ b) with W kept in a GGUF file's own 4-, 6- or 8-bit blocks (Q4_0, Q4_1, Q8_0, Q4_K,
+// Q6_K), regrouped into tiles of 16 output rows (radixlm/model/gguf_tiles.py), and x quantized to int8 per 32 values.
 //
-// At one row the product reads every weight once, so its cost is the bytes of W: 0.56 (Q4_0) to 1.06 (Q8_0) bytes
-// a weight instead of 4 for float32. Each thread takes a range of output rows by tiles of kTileRows; for each span of
-// the tile it unpacks the blocks into floats in an L1 buffer once (scale * q (+ min), the reference's values) and
-// multiplies them with every activation row, so the unpacking is paid once whatever the rows. Unpacking costs about
-// a cycle per 4 weights, which at one row keeps two Zen 2 cores near their memory bandwidth; with more rows the
-// multiply-adds dominate, and above GGUF_MAX_ROWS dequantizing once and calling F.linear is faster.
+// One kernel serves every row count: decode (a few rows, bound by reading the weights: 0.56 to 1.06 bytes a weight)
+// and prefill chunks (many rows, bound by the multiply-adds, 4 a 32-bit lane with VNNI). Each output element is one
+// thread's sum over K in a fixed order, so a row's result does not depend on the rows beside it or on the threads.
+// Threads take ranges of tiles; within a range, rows go by blocks of kRowBlock (their int8 activations stay in L2
+// while each tile of the range passes over them), each tile by chunks of kChunkRows rows (a chunk's accumulators and
+// the K-block's unpacked weights fill the registers).
 //
-// The instruction set is chosen at run time (cpu_has_avx2), not by the build's -march, so the same build serves
-// CPUs with and without AVX2 and a test can run both paths on one machine.
+// The instruction set is chosen at run time (cpu_has_avx512, cpu_has_avx2), not by the build's -march, so one build
+// serves every x86 CPU and a test can run each path on one machine.
 
 #include "linear_gguf.h"
 
@@ -19,126 +19,195 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "gguf_kernels.h"
 #include "kernel_checks.h"
 
 namespace {
 
-using radixlm_gguf::kSpan;
+using radixlm_gguf::kBlock;
+using radixlm_gguf::kChunkRows;
 using radixlm_gguf::kTileRows;
 
-// radixlm.model.gguf_blocks.GGUF_MAX_ROWS (see there and the header comment).
-constexpr int64_t kMaxGgufRows = 128;
+constexpr int64_t kRowBlock = 128;
+constexpr int64_t kMaxParts = 8;  // a fused projection's parts of different formats (q/k/v: 3)
 
-struct Problem {
-  const float* x;  // [M, K]
-  int64_t m_dim, k_dim;
-  const uint8_t* weight;  // [N, row_bytes]
-  int64_t row_bytes;
-  const float* bias;  // [N] or null
-  const float* xsum;  // [M, K / 32] sums of x for the fused kernel, or null: the buffered one
-  float* out;         // [M, N]
-  int64_t n_dim;
-  radixlm_gguf::Format format;
-  radixlm_gguf::Kernels kernels;
-};
-
-// out[:, n .. n + rows) from weight rows n .. n + rows (rows <= kTileRows), through the L1 buffer.
-void buffered_tile(const Problem& p, int64_t n, int64_t rows, float* buffer, float* partial) {
-  std::fill(partial, partial + p.m_dim * kTileRows, 0.f);
-  const uint8_t* tile = p.weight + n * p.row_bytes;
-  for (int64_t k = 0; k < p.k_dim; k += kSpan) {
-    const int64_t len = std::min(kSpan, p.k_dim - k), blocks = len / p.format.weights;
-    const uint8_t* src = tile + k / p.format.weights * p.format.bytes;
-    for (int64_t t = 0; t < rows; ++t) p.kernels.decode(src + t * p.row_bytes, blocks, buffer + t * kSpan);
-    p.kernels.dot(p.x + k, p.k_dim, p.m_dim, buffer, rows, len, partial);
-  }
-  for (int64_t m = 0; m < p.m_dim; ++m) {
-    for (int64_t t = 0; t < rows; ++t) p.out[m * p.n_dim + n + t] = partial[m * kTileRows + t];
-  }
-}
-
-// out[:, begin .. end) (+ bias): row by row through the fused kernel for a few rows (the weights then stream in
-// order), else by tiles through the buffer.
-void gguf_range(const Problem& p, int64_t begin, int64_t end) {
-  if (p.xsum != nullptr) {
-    const int64_t blocks = p.k_dim / p.format.weights;
-    for (int64_t n = begin; n < end; ++n) {
-      p.kernels.fused(p.weight + n * p.row_bytes, blocks, p.x, p.k_dim, p.xsum, p.m_dim, p.out + n, p.n_dim);
-    }
-  } else {
-    alignas(64) float buffer[kTileRows * kSpan];
-    float partial[kMaxGgufRows * kTileRows];
-    for (int64_t n = begin; n < end; n += kTileRows) {
-      buffered_tile(p, n, std::min(kTileRows, end - n), buffer, partial);
-    }
-  }
-  if (p.bias == nullptr) return;
-  for (int64_t m = 0; m < p.m_dim; ++m) {
-    for (int64_t n = begin; n < end; ++n) p.out[m * p.n_dim + n] += p.bias[n];
-  }
-}
-
-// sums[i] = x[32 i] + ... + x[32 i + 31] for the `count` floats of x (a multiple of 32).
-void sum_chunks(const float* x, int64_t count, c10::SmallVectorImpl<float>& sums) {
-  sums.resize(count / 32);
-  for (int64_t i = 0; i < count / 32; ++i) {
-    float lanes[8] = {};  // 8 independent sums: the compiler makes them one vector (a single sum cannot reorder)
-    for (int64_t j = 0; j < 32; ++j) lanes[j % 8] += x[32 * i + j];
-    sums[i] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  }
-}
-
-const radixlm_gguf::Format& find_format(int64_t ggml_type) {
-  for (const auto& format : radixlm_gguf::kFormats) {
+const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
+  for (const auto& format : radixlm_gguf::kTileFormats) {
     if (format.type == ggml_type) return format;
   }
   TORCH_CHECK(false, "gguf_linear: ggml type ", ggml_type,
               " is not supported (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14)");
 }
 
-radixlm_gguf::Kernels select_kernels(int64_t ggml_type, int64_t path) {
-  TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAvx2,
-              "gguf_linear: path must be 0 (best), 1 (portable) or 2 (AVX2), got ", path);
-  const bool avx2 = radixlm_gguf::cpu_has_avx2();
+radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t path) {
+  TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAvx512,
+              "gguf_linear: path must be 0 (best), 1 (portable), 2 (AVX2) or 3 (AVX-512 VNNI), got ", path);
+  const bool avx512 = radixlm_gguf::cpu_has_avx512(), avx2 = radixlm_gguf::cpu_has_avx2();
+  TORCH_CHECK(path != radixlm::kGgufPathAvx512 || avx512, "gguf_linear: this CPU cannot run the AVX-512 VNNI path");
   TORCH_CHECK(path != radixlm::kGgufPathAvx2 || avx2, "gguf_linear: this CPU cannot run the AVX2 path");
-  const bool use_avx2 = path == radixlm::kGgufPathAvx2 || (path == radixlm::kGgufPathBest && avx2);
-  return use_avx2 ? radixlm_gguf::avx2_kernels(ggml_type) : radixlm_gguf::portable_kernels(ggml_type);
+  if (path == radixlm::kGgufPathBest) {
+    path = avx512 ? radixlm::kGgufPathAvx512 : avx2 ? radixlm::kGgufPathAvx2 : radixlm::kGgufPathPortable;
+  }
+  if (path == radixlm::kGgufPathAvx512) return radixlm_gguf::avx512_kernel(ggml_type);
+  if (path == radixlm::kGgufPathAvx2) return radixlm_gguf::avx2_kernel(ggml_type);
+  return radixlm_gguf::portable_kernel(ggml_type);
 }
+
+// The quantized activations and the buffers behind them.
+struct QuantizedRows {
+  at::Tensor q, step, isum32, sum32, sum16;
+  radixlm_gguf::Activations view() const {
+    return {q.data_ptr<int8_t>(), step.data_ptr<float>(), isum32.data_ptr<int32_t>(), sum32.data_ptr<float>(),
+            sum16.data_ptr<float>(), q.size(1)};
+  }
+};
+
+// One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
+void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16) {
+  float top = 0.f;
+  bool finite = true;
+  for (int i = 0; i < kBlock; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    top = std::max(top, std::fabs(x[i]));
+  }
+  const float inverse = 127.f / top;
+  const bool usable = finite && top > 0.f && std::isfinite(inverse);
+  int32_t halves[2] = {0, 0};
+  for (int i = 0; i < kBlock; ++i) {
+    const int32_t v = usable ? static_cast<int32_t>(std::nearbyint(x[i] * inverse)) : 0;
+    q[i] = static_cast<int8_t>(v);
+    halves[i / 16] += v;
+  }
+  *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
+  *isum32 = halves[0] + halves[1];
+  *sum32 = *step * static_cast<float>(*isum32);
+  sum16[0] = *step * static_cast<float>(halves[0]);
+  sum16[1] = *step * static_cast<float>(halves[1]);
+}
+
+QuantizedRows quantize_rows(const float* x, int64_t m_dim, int64_t k_dim) {
+  const int64_t blocks = k_dim / kBlock;
+  const auto bytes = at::TensorOptions().dtype(at::kChar);
+  const auto floats = at::TensorOptions().dtype(at::kFloat);
+  QuantizedRows rows{at::empty({m_dim, k_dim}, bytes), at::empty({m_dim, blocks}, floats),
+                     at::empty({m_dim, blocks}, at::TensorOptions().dtype(at::kInt)),
+                     at::empty({m_dim, blocks}, floats), at::empty({m_dim, 2 * blocks}, floats)};
+  const radixlm_gguf::Activations a = rows.view();
+  at::parallel_for(0, m_dim * blocks, 4096, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      quantize_block(x + i * kBlock, const_cast<int8_t*>(a.q) + i * kBlock, const_cast<float*>(a.step) + i,
+                     const_cast<int32_t*>(a.isum32) + i, const_cast<float*>(a.sum32) + i,
+                     const_cast<float*>(a.sum16) + 2 * i);
+    }
+  });
+  return rows;
+}
+
+struct Part {
+  const uint8_t* tiles;
+  int64_t tile_bytes, out_features, first_tile, first_column;
+  radixlm_gguf::TileKernel kernel;
+};
 
 }  // namespace
 
-at::Tensor radixlm::gguf_linear(const at::Tensor& input, const at::Tensor& blocks, int64_t ggml_type,
-                                const c10::optional<at::Tensor>& bias, int64_t path) {
-  const radixlm_gguf::Format& format = find_format(ggml_type);
-  const radixlm_gguf::Kernels kernels = select_kernels(ggml_type, path);
-  radixlm::check_dense_cpu(blocks, "blocks");
-  TORCH_CHECK(blocks.dim() == 2 && blocks.scalar_type() == at::kByte,
-              "gguf_linear: blocks must be uint8 [N, row bytes], got ", blocks.scalar_type(), " ", blocks.sizes());
-  const int64_t row_bytes = blocks.size(1);
-  TORCH_CHECK(row_bytes > 0 && row_bytes % format.bytes == 0, "gguf_linear: ", format.name, " rows are whole ",
-              format.bytes, "-byte blocks, got ", row_bytes, " bytes");
+at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArrayRef types,
+                                at::IntArrayRef out_features, const c10::optional<at::Tensor>& bias, int64_t path) {
+  TORCH_CHECK(!tiles.empty() && static_cast<int64_t>(tiles.size()) <= kMaxParts, "gguf_linear takes 1 to ",
+              kMaxParts, " parts, got ", tiles.size());
+  TORCH_CHECK(types.size() == tiles.size() && out_features.size() == tiles.size(),
+              "gguf_linear: tiles, types and out_features must have one entry per part");
+  radixlm::check_dense_float_cpu(input, "x");
   TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
-  TORCH_CHECK(input.size(-1) % format.weights == 0, "gguf_linear: ", format.name,
-              " needs x's features to be a multiple of ", format.weights, ", got x of shape ", input.sizes());
-  const int64_t weight_k = row_bytes / format.bytes * format.weights;
-  const int64_t m_dim = radixlm::check_rows(input, blocks, weight_k, bias, at::kByte, kMaxGgufRows);
-  const at::Tensor x = input.contiguous();  // no copy when it already is
-  const int64_t n_dim = blocks.size(0), k_dim = x.size(-1);
+  const int64_t k_dim = input.size(-1);
+  c10::SmallVector<Part, kMaxParts> parts;
+  int64_t n_dim = 0, num_tiles = 0, max_tile_bytes = 0;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const radixlm_gguf::TileFormat& format = find_format(types[i]);
+    TORCH_CHECK(k_dim > 0 && k_dim % format.super_weights == 0, "gguf_linear: ", format.name,
+                " needs x's features to be a positive multiple of ", format.super_weights, ", got ", k_dim);
+    TORCH_CHECK(out_features[i] > 0, "gguf_linear: out_features must be positive, got ", out_features[i]);
+    const int64_t part_tiles = (out_features[i] + kTileRows - 1) / kTileRows;
+    const int64_t tile_bytes = k_dim / format.super_weights * format.super_bytes();
+    radixlm::check_dense_cpu(tiles[i], "tiles");
+    TORCH_CHECK(tiles[i].scalar_type() == at::kByte && tiles[i].is_contiguous() &&
+                    tiles[i].sizes() == at::IntArrayRef({part_tiles, tile_bytes}),
+                "gguf_linear: part ", i, " must be contiguous uint8 [", part_tiles, ", ", tile_bytes, "] (", format.name,
+                ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
+    parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
+                     select_kernel(types[i], path)});
+    n_dim += out_features[i];
+    num_tiles += part_tiles;
+    max_tile_bytes = std::max(max_tile_bytes, tile_bytes);
+  }
+  if (bias.has_value()) {
+    radixlm::check_dense_float_cpu(*bias, "bias");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n_dim && bias->is_contiguous(),
+                "bias must be contiguous float32 [", n_dim, "]");
+  }
+  const at::Tensor x = input.contiguous();
+  const int64_t m_dim = x.numel() / k_dim;
   at::Tensor out = radixlm::empty_output(x, n_dim);
-  if (m_dim == 0 || n_dim == 0) return out;
-  const bool fused = kernels.fused != nullptr && m_dim <= radixlm_gguf::kFusedRows;
-  c10::SmallVector<float, radixlm_gguf::kFusedRows * 256> xsum;  // on the stack up to K = 8192
-  if (fused) sum_chunks(x.data_ptr<float>(), m_dim * k_dim, xsum);
-  const Problem p{x.data_ptr<float>(), m_dim, k_dim, blocks.data_ptr<uint8_t>(), row_bytes,
-                  bias.has_value() ? bias->data_ptr<float>() : nullptr, fused ? xsum.data() : nullptr,
-                  out.data_ptr<float>(), n_dim, format, kernels};
-  const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
-  const int64_t grain_tiles = std::max<int64_t>(1, radixlm::grain_rows(row_bytes) / kTileRows);
-  at::parallel_for(0, num_tiles, grain_tiles, [&](int64_t first, int64_t last) {
-    gguf_range(p, first * kTileRows, std::min(n_dim, last * kTileRows));  // ranges start on a tile
+  if (m_dim == 0) return out;
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), m_dim, k_dim);
+  const radixlm_gguf::Activations a = rows.view();
+  float* out_data = out.data_ptr<float>();
+  const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  // A task reads at least kGrainBytes of weights for each row it serves (a small layer stays on one thread).
+  const int64_t grain = std::max<int64_t>(1, radixlm::kGrainBytes / (max_tile_bytes * std::min(m_dim, kRowBlock)));
+  at::parallel_for(0, num_tiles, grain, [&](int64_t first, int64_t last) {
+    for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
+      const int64_t row_end = std::min(m_dim, row_block + kRowBlock);
+      size_t p = 0;
+      for (int64_t t = first; t < last; ++t) {
+        while (t >= parts[p].first_tile + (parts[p].out_features + kTileRows - 1) / kTileRows) ++p;
+        const Part& part = parts[p];
+        const int64_t local = t - part.first_tile;
+        const int64_t column = part.first_column + local * kTileRows;
+        const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
+        const uint8_t* tile = part.tiles + local * part.tile_bytes;
+        for (int64_t m = row_block; m < row_end; m += kChunkRows) {
+          part.kernel(tile, a, m, std::min(kChunkRows, row_end - m), out_data + column, n_dim, cols,
+                      bias_data ? bias_data + column : nullptr);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor radixlm::gguf_rows(const at::Tensor& tiles, int64_t type, int64_t in_features, int64_t out_features,
+                              const at::Tensor& ids) {
+  const radixlm_gguf::TileFormat& format = find_format(type);
+  TORCH_CHECK(in_features > 0 && in_features % format.super_weights == 0, "gguf_rows: ", format.name,
+              " rows hold a positive multiple of ", format.super_weights, " weights, got ", in_features);
+  TORCH_CHECK(out_features > 0, "gguf_rows: out_features must be positive, got ", out_features);
+  const int64_t tile_bytes = in_features / format.super_weights * format.super_bytes();
+  radixlm::check_dense_cpu(tiles, "tiles");
+  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.is_contiguous() &&
+                  tiles.sizes() == at::IntArrayRef({(out_features + kTileRows - 1) / kTileRows, tile_bytes}),
+              "gguf_rows: tiles must be contiguous uint8 [", (out_features + kTileRows - 1) / kTileRows, ", ",
+              tile_bytes, "], got ", tiles.scalar_type(), " ", tiles.sizes());
+  radixlm::check_dense_cpu(ids, "ids");
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64, got ", ids.scalar_type());
+  const at::Tensor flat = ids.contiguous().reshape({-1});
+  const int64_t* id = flat.data_ptr<int64_t>();
+  const int64_t count = flat.numel();
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < out_features, "gguf_rows: id ", id[i], " is outside [0, ", out_features, ")");
+  }
+  at::Tensor out = at::empty({count, in_features}, at::TensorOptions().dtype(at::kFloat));
+  float* data = out.data_ptr<float>();
+  const uint8_t* base = tiles.data_ptr<uint8_t>();
+  at::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      radixlm_gguf::dequantize_tile_row(type, base + id[i] / kTileRows * tile_bytes, in_features, id[i] % kTileRows,
+                                        data + i * in_features);
+    }
   });
   return out;
 }
@@ -146,11 +215,16 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, const at::Tensor& block
 std::vector<int64_t> radixlm::gguf_linear_paths() {
   std::vector<int64_t> paths{kGgufPathPortable};
   if (radixlm_gguf::cpu_has_avx2()) paths.push_back(kGgufPathAvx2);
+  if (radixlm_gguf::cpu_has_avx512()) paths.push_back(kGgufPathAvx512);
   return paths;
 }
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
-  m.def("gguf_linear(Tensor x, Tensor blocks, int ggml_type, Tensor? bias, int path=0) -> Tensor");
+  m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
+  m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("gguf_linear", &radixlm::gguf_linear); }
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("gguf_linear", &radixlm::gguf_linear);
+  m.impl("gguf_rows", &radixlm::gguf_rows);
+}

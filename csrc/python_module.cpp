@@ -124,21 +124,79 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                                [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
 }
 
-// gguf_linear(x, blocks, ggml_type, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher.
+// A tuple or list of tensors (`tensors`) or of ints (`ints`) at args[i]; false with a TypeError set otherwise.
+bool tensors_arg(PyObject* const* args, Py_ssize_t i, std::vector<at::Tensor>* tensors) {
+  if (THPVariable_Check(args[i])) {  // a tensor is a sequence too (of its rows)
+    PyErr_Format(PyExc_TypeError, "argument %zd must be a list or tuple of tensors, not a tensor", i);
+    return false;
+  }
+  PyObject* seq = PySequence_Fast(args[i], "expected a list or tuple of tensors");
+  if (seq == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t j = 0; j < count; ++j) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, j);
+    if (!THPVariable_Check(item)) {
+      Py_DECREF(seq);
+      PyErr_Format(PyExc_TypeError, "argument %zd must be a list or tuple of tensors", i);
+      return false;
+    }
+    tensors->push_back(THPVariable_Unpack(item));
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+bool ints_arg(PyObject* const* args, Py_ssize_t i, std::vector<int64_t>* ints) {
+  PyObject* seq = PySequence_Fast(args[i], "expected a list or tuple of ints");
+  if (seq == nullptr) return false;
+  const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  for (Py_ssize_t j = 0; j < count; ++j) {
+    const long long value = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, j));
+    if (value == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return false;
+    }
+    ints->push_back(value);
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+bool int_arg(PyObject* const* args, Py_ssize_t i, int64_t* value) {
+  const long long v = PyLong_AsLongLong(args[i]);
+  if (v == -1 && PyErr_Occurred()) return false;
+  *value = v;
+  return true;
+}
+
+// gguf_linear(x, tiles, types, out_features, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher
+// (tiles a sequence of tensors, types and out_features sequences of ints).
 PyObject* gguf_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 && nargs != 5) {
-    PyErr_Format(PyExc_TypeError, "gguf_linear takes 4 or 5 arguments, got %zd", nargs);
+  if (nargs != 5 && nargs != 6) {
+    PyErr_Format(PyExc_TypeError, "gguf_linear takes 5 or 6 arguments, got %zd", nargs);
     return nullptr;
   }
-  c10::optional<at::Tensor> x, blocks, bias;
-  if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &blocks) || !tensor_arg(args, 3, true, &bias)) {
+  c10::optional<at::Tensor> x, bias;
+  std::vector<at::Tensor> tiles;
+  std::vector<int64_t> types, out_features;
+  int64_t path = radixlm::kGgufPathBest;
+  if (!tensor_arg(args, 0, false, &x) || !tensors_arg(args, 1, &tiles) || !ints_arg(args, 2, &types) ||
+      !ints_arg(args, 3, &out_features) || !tensor_arg(args, 4, true, &bias) || (nargs == 6 && !int_arg(args, 5, &path))) {
     return nullptr;
   }
-  const long long ggml_type = PyLong_AsLongLong(args[2]);
-  if (ggml_type == -1 && PyErr_Occurred()) return nullptr;
-  const long long path = nargs == 5 ? PyLong_AsLongLong(args[4]) : radixlm::kGgufPathBest;
-  if (path == -1 && PyErr_Occurred()) return nullptr;
-  return run_kernel([&] { return radixlm::gguf_linear(*x, *blocks, ggml_type, bias, path); });
+  return run_kernel([&] { return radixlm::gguf_linear(*x, tiles, types, out_features, bias, path); });
+}
+
+// gguf_rows(tiles, type, in_features, out_features, ids): torch.ops.radixlm.gguf_rows without the dispatcher.
+PyObject* gguf_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_count("gguf_rows", 5, nargs)) return nullptr;
+  c10::optional<at::Tensor> tiles, ids;
+  int64_t type = 0, in_features = 0, out_features = 0;
+  if (!tensor_arg(args, 0, false, &tiles) || !int_arg(args, 1, &type) || !int_arg(args, 2, &in_features) ||
+      !int_arg(args, 3, &out_features) || !tensor_arg(args, 4, false, &ids)) {
+    return nullptr;
+  }
+  return run_kernel([&] { return radixlm::gguf_rows(*tiles, type, in_features, out_features, *ids); });
 }
 
 // The gguf_linear paths this CPU runs, a list of ints, best last.
@@ -199,9 +257,12 @@ PyMethodDef methods[] = {
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,
-     "gguf_linear(x, blocks, ggml_type, bias, path=0): torch.ops.radixlm.gguf_linear without the dispatcher"},
+     "gguf_linear(x, tiles, types, out_features, bias, path=0): torch.ops.radixlm.gguf_linear without the "
+     "dispatcher"},
+    {"gguf_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_rows)), METH_FASTCALL,
+     "gguf_rows(tiles, type, in_features, out_features, ids): torch.ops.radixlm.gguf_rows without the dispatcher"},
     {"gguf_linear_paths", gguf_linear_paths, METH_NOARGS,
-     "gguf_linear_paths(): the gguf_linear paths this CPU runs (1 portable, 2 AVX2), best last"},
+     "gguf_linear_paths(): the gguf_linear paths this CPU runs (1 portable, 2 AVX2, 3 AVX-512 VNNI), best last"},
     {"int8_normalize_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_normalize_rows)),
      METH_FASTCALL, "int8_normalize_rows(x, row_max): torch.ops.radixlm.int8_normalize_rows without the dispatcher"},
     {"int8_rescale_rows_", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_rescale_rows_)), METH_FASTCALL,

@@ -12,13 +12,18 @@ import functools
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, quantize
 
+from radixlm.model.gguf_blocks import BLOCK_FORMATS, row_bytes
 from radixlm.model.loader import _default_gguf_path
 
 # Bytes per block and where its float16 scales sit, for the formats written as random bytes.
-RANDOM_BLOCKS = {Q.Q4_K: (144, (0, 2)), Q.Q6_K: (210, (208,))}
+# Bytes per block and the float16 scales of the formats written as random bytes: (offset, low, high) each, chosen so
+# the weights spread about as the quantized ones (std ~0.1 around 0: Q4_K's dmin 7.5 d cancels the mean of d sc q),
+# else the random network's activations grow layer by layer and its logits turn chaotic.
+RANDOM_BLOCKS = {Q.Q4_K: (144, ((0, 3e-4, 5e-4), (2, 2.25e-3, 3.75e-3))), Q.Q6_K: (210, ((208, 5e-5, 9e-5),))}
 SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
 
 
@@ -51,10 +56,10 @@ def _blocks(rng: np.random.Generator, rows: int, cols: int, ggml_type: Q) -> np.
         return (rng.standard_normal((rows, cols), dtype=np.float32) * 0.1).astype(
             np.float32 if ggml_type == Q.F32 else np.float16)
     if ggml_type in RANDOM_BLOCKS:
-        block_bytes, scale_offsets = RANDOM_BLOCKS[ggml_type]
+        block_bytes, scale_fields = RANDOM_BLOCKS[ggml_type]
         blocks = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
-        for offset in scale_offsets:
-            scales = rng.uniform(1e-4, 5e-4, size=(rows, cols // 256)).astype(np.float16)
+        for offset, low, high in scale_fields:
+            scales = rng.uniform(low, high, size=(rows, cols // 256)).astype(np.float16)
             blocks[:, :, offset:offset + 2] = scales.view(np.uint8).reshape(rows, cols // 256, 2)
         return blocks.reshape(rows, -1)
     return quantize(rng.standard_normal((rows, cols), dtype=np.float32) * 0.1, ggml_type)
@@ -110,3 +115,19 @@ def write_tiny_gguf(path: Path, types: dict[str, Q], seed: int = 0) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# Byte offsets of each format's float16 scale fields, made finite below (random bytes give NaN and inf).
+HALF_FIELDS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 14: (208,)}
+
+
+def random_blocks(ggml_type: int, out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random block bytes (quants and Q4_K's packed scales included) with finite random float16 scales."""
+    generator = torch.Generator().manual_seed(seed)
+    fmt = BLOCK_FORMATS[ggml_type]
+    count = out_features * in_features // fmt.block_weights
+    blocks = torch.randint(0, 256, (count, fmt.block_bytes), dtype=torch.uint8, generator=generator)
+    for offset in HALF_FIELDS[ggml_type]:
+        scales = (torch.rand(count, generator=generator) - 0.5) * 0.02
+        blocks[:, offset:offset + 2] = scales.half().view(torch.uint8).reshape(count, 2)
+    return blocks.reshape(out_features, row_bytes(ggml_type, in_features))

@@ -5,8 +5,8 @@ A GGUF weight matrix [N, K] in a block format is stored as N rows of raw block b
 The layouts are ggml's (gguf-py's `gguf/quants.py`, `dequantize_blocks`); `dequantize` reproduces gguf-py's float32
 values exactly, with the same float operations in the same order.
 
-The C++ kernel `radixlm._C.gguf_linear` (csrc/linear_gguf.cpp) multiplies activations by such rows without
-dequantizing them first; this module does not import it, so it works without the extension.
+The C++ kernel `radixlm._C.gguf_linear` (csrc/linear_gguf.cpp) reads the same bits regrouped into tiles
+(`radixlm.model.gguf_tiles`); this module does not import it, so it works without the extension.
 """
 
 from __future__ import annotations
@@ -15,17 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-# Up to this many activation rows radixlm._C.gguf_linear takes a GGUF linear (it refuses more); above, dequantizing
-# the weights (1-2 ns a weight) and calling F.linear is faster, PyTorch's GEMM costing less per row than the kernel.
-# On a 2-core Zen 2, a Llama-1B layer took 150-200 ms in the kernel against 220-330 ms dequantized at 128 rows, about
-# the same at 256; an AVX-512 CPU's GEMM gains more than the AVX2 kernel, so the limit stays below the crossover.
-GGUF_MAX_ROWS = 128
-
-# Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
-PATH_BEST = 0
-PATH_PORTABLE = 1
-PATH_AVX2 = 2
 
 QK_K = 256  # weights per K-quant super-block
 

@@ -1,17 +1,16 @@
 """Linear layers and embeddings whose weights stay in a GGUF file's own blocks (`--quantization gguf`).
 
-A GGUF checkpoint stores each weight matrix as rows of fixed-size blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...). These
-modules keep those bytes as they are, so a 4-bit model takes its 4-bit size in memory and a decode step reads 4-bit
-weights, and compute in float32:
+A GGUF checkpoint stores each weight matrix as rows of fixed-size blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K). These
+modules keep those bits, so a 4-bit model takes its 4-bit size in memory and a decode step reads 4-bit weights:
 
-- up to `GGUF_MAX_ROWS` rows (decode), radixlm._C's `gguf_linear` unpacks each block in registers once and
-  multiplies it with every row (csrc/linear_gguf.cpp);
-- above that (prefill chunks), slices of `WEIGHT_SLICE_FLOATS` weights are dequantized in turn
-  (`radixlm.model.gguf_blocks.dequantize`, pure PyTorch) and multiplied by PyTorch's float32 GEMM, so no whole
-  float32 copy of a matrix is ever held.
+- with radixlm._C built, a weight is regrouped once into the kernel's tiles (`radixlm.model.gguf_tiles`, the same
+  bits in another order) and `gguf_linear` multiplies int8 activations (quantized per 32 values) by it at every row
+  count, decode and prefill alike (csrc/linear_gguf.cpp);
+- without it, the weight stays in the file's rows and the same product is computed in PyTorch:
+  `F.linear(quantize_activations(x), dequantize(W))`, one slice of the weight at a time (the reference the kernel
+  is tested against).
 
-Both compute `x @ dequantize(W).T (+ bias)`: they differ only in float summation order, and the pure-PyTorch path
-is the reference the kernel is tested against.
+Either way a row's output does not depend on the rows it shares a forward with.
 """
 
 from __future__ import annotations
@@ -24,98 +23,131 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.decode_kernel import direct_kernel, extension_error
-from radixlm.model.gguf_blocks import BLOCK_FORMATS, GGUF_MAX_ROWS, dequantize, row_bytes
+from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
+from radixlm.model.gguf_tiles import num_tiles, pack_tiles, quantize_activations, tile_bytes
 
-WEIGHT_SLICE_FLOATS = 1 << 22  # 16 MiB of float32 weights per dequantized slice (prefill path)
-
-
-def gguf_kernel() -> Callable[..., torch.Tensor] | None:
-    """radixlm._C's `gguf_linear` when the extension is built (or one without it: None, the PyTorch path)."""
-    if extension_error() is not None:
-        return None
-    return direct_kernel("gguf_linear")
+# Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
+PATH_BEST, PATH_PORTABLE, PATH_AVX2, PATH_AVX512 = 0, 1, 2, 3
+WEIGHT_SLICE_FLOATS = 1 << 22  # 16 MiB of float32 weights per dequantized slice (the PyTorch path)
+MAX_PARTS = 8  # parts of one fused linear (csrc/linear_gguf.cpp's kMaxParts)
 
 
 @dataclass(frozen=True)
-class WeightBlocks:
-    """Rows of one GGUF tensor: `blocks` uint8 [out_features, row_bytes] of type `ggml_type`."""
+class GGUFKernels:
+    """radixlm._C's direct entry points for GGUF weights."""
+    linear: Callable[..., torch.Tensor]
+    rows: Callable[..., torch.Tensor]
+
+
+def gguf_kernels() -> GGUFKernels | None:
+    """The C++ kernels when the extension is built, else None (the PyTorch path)."""
+    if extension_error() is not None:
+        return None
+    return GGUFKernels(direct_kernel("gguf_linear"), direct_kernel("gguf_rows"))
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    """One GGUF weight [out_features, in_features] of type `ggml_type`: `tiles` (the kernel's layout, uint8
+    [num_tiles, tile_bytes]) or `rows` (the file's, uint8 [out_features, row_bytes]), whichever the path reads."""
     ggml_type: int
-    blocks: torch.Tensor
+    out_features: int
+    in_features: int
+    tiles: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+    @classmethod
+    def from_rows(cls, ggml_type: int, rows: torch.Tensor, in_features: int, packed: bool) -> WeightPart:
+        """`rows` as read from the file; `packed`: regrouped into tiles (and the rows dropped)."""
+        expected = row_bytes(ggml_type, in_features)
+        if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != expected:
+            raise ValueError(f"GGUF blocks must be uint8 [N, {expected}] for {BLOCK_FORMATS[ggml_type].name} "
+                             f"with {in_features} input features, got {rows.dtype} {list(rows.shape)}")
+        if packed:
+            return cls(ggml_type, rows.shape[0], in_features, tiles=pack_tiles(rows, ggml_type, in_features))
+        return cls(ggml_type, rows.shape[0], in_features, rows=rows.contiguous())
 
     @property
-    def out_features(self) -> int:
-        return self.blocks.shape[0]
+    def num_bytes(self) -> int:
+        return (self.tiles if self.tiles is not None else self.rows).numel()
 
+    def dequantized_rows(self, start: int, stop: int, kernels: GGUFKernels | None) -> torch.Tensor:
+        """float32 weights of rows [start, stop), equal to `gguf_blocks.dequantize` of them."""
+        if self.rows is not None:
+            return dequantize(self.rows[start:stop], self.ggml_type, self.in_features)
+        if kernels is None:
+            raise RuntimeError("tiled GGUF weights need radixlm._C to be read")
+        ids = torch.arange(start, stop, dtype=torch.long)
+        return kernels.rows(self.tiles, self.ggml_type, self.in_features, self.out_features, ids)
 
-def check_blocks(ggml_type: int, blocks: torch.Tensor, in_features: int) -> None:
-    """ValueError unless `blocks` is a uint8 [N, row_bytes] tensor of a supported type for `in_features`."""
-    if ggml_type not in BLOCK_FORMATS:
-        raise ValueError(f"GGUF block type {ggml_type} is not served packed")
-    expected = row_bytes(ggml_type, in_features)
-    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] != expected:
-        raise ValueError(f"GGUF blocks must be uint8 [N, {expected}] for {BLOCK_FORMATS[ggml_type].name} "
-                         f"with {in_features} input features, got {blocks.dtype} {list(blocks.shape)}")
+    def check(self) -> None:
+        if self.tiles is not None:
+            expected = (num_tiles(self.out_features), tile_bytes(self.ggml_type, self.in_features))
+            if self.tiles.dtype != torch.uint8 or tuple(self.tiles.shape) != expected:
+                raise ValueError(f"tiles must be uint8 {list(expected)}, got {self.tiles.dtype} "
+                                 f"{list(self.tiles.shape)}")
 
 
 class GGUFLinear(nn.Module):
-    """`y = x W^T + b` with W held as one or more parts of GGUF blocks (stacked along the output features: a fused
-    q/k/v or gate/up projection whose parts have different block types); float32 in and out."""
+    """`y = x W^T + b` with W held as one or more GGUF weights stacked along the output features (a fused q/k/v or
+    gate/up projection whose parts may have different block types); float32 in and out."""
 
-    def __init__(self, parts: Sequence[WeightBlocks], in_features: int, bias: torch.Tensor | None = None,
-                 kernel: Callable[..., torch.Tensor] | None = None) -> None:
-        """`kernel`: radixlm._C's `gguf_linear` (see `gguf_kernel`), or None for the
-        pure-PyTorch path at every size."""
+    def __init__(self, parts: Sequence[WeightPart], bias: torch.Tensor | None = None,
+                 kernels: GGUFKernels | None = None) -> None:
+        """`kernels`: radixlm._C's (see `gguf_kernels`; the parts must then be tiled), or None for the PyTorch path
+        (the parts in rows)."""
         super().__init__()
-        if not parts:
-            raise ValueError("a GGUF linear needs at least one part")
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"a GGUF linear takes 1 to {MAX_PARTS} parts, got {len(parts)}")
+        in_features = parts[0].in_features
         for part in parts:
-            check_blocks(part.ggml_type, part.blocks, in_features)
+            part.check()
+            if part.in_features != in_features:
+                raise ValueError("the parts of a GGUF linear must share in_features")
+            if (part.tiles if kernels is not None else part.rows) is None:
+                raise ValueError(f"a GGUF linear {'with' if kernels else 'without'} kernels needs its parts "
+                                 f"{'tiled' if kernels else 'in rows'}")
         self.in_features = in_features
-        self.parts = _merge_adjacent(parts)
-        self.out_features = sum(part.out_features for part in self.parts)
+        self.parts = tuple(parts)
+        self.out_features = sum(part.out_features for part in parts)
         if bias is not None and bias.shape != (self.out_features,):
             raise ValueError(f"bias must have shape [{self.out_features}], got {list(bias.shape)}")
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self._kernel = kernel
-        # Plain attributes, not buffers: the blocks are CPU-only (the kernel's) and never saved.
-        self.weight_bytes = sum(part.blocks.numel() for part in self.parts)
+        self._kernels = kernels
+        # The kernel's arguments, built once. Plain attributes, not buffers: the weights are CPU-only and never saved.
+        self._tiles = tuple(part.tiles for part in parts)
+        self._types = tuple(part.ggml_type for part in parts)
+        self._outs = tuple(part.out_features for part in parts)
+        self.weight_bytes = sum(part.num_bytes for part in parts)
 
     @classmethod
     def concat(cls, linears: Sequence[GGUFLinear]) -> GGUFLinear:
-        """One layer computing `linears`' outputs side by side (shares their blocks when each has one part)."""
-        in_features = linears[0].in_features
-        if any(linear.in_features != in_features for linear in linears):
-            raise ValueError("concatenated GGUF linears must share in_features")
+        """One layer computing `linears`' outputs side by side (their weights shared, not copied)."""
         biases = [linear.bias for linear in linears]
         bias = None
         if any(b is not None for b in biases):
             bias = torch.cat([b if b is not None else torch.zeros(linear.out_features)
                               for b, linear in zip(biases, linears, strict=True)])
-        parts = [part for linear in linears for part in linear.parts]
-        return cls(parts, in_features, bias, linears[0]._kernel)
+        return cls([part for linear in linears for part in linear.parts], bias, linears[0]._kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self._kernel is not None and rows.shape[0] <= GGUF_MAX_ROWS and x.dtype == torch.float32:
-            rows = rows.contiguous()
-            if len(self.parts) == 1:
-                out = self._kernel(rows, self.parts[0].blocks, self.parts[0].ggml_type, self.bias)
-            else:
-                out = torch.cat([self._kernel(rows, p.blocks, p.ggml_type, None) for p in self.parts], dim=1)
-                if self.bias is not None:
-                    out += self.bias
+        if self._kernels is not None:
+            out = self._kernels.linear(rows, self._tiles, self._types, self._outs, self.bias)
         else:
             out = self.reference_forward(rows)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def reference_forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """The pure-PyTorch path: dequantize slices of the weight and multiply, one slice at a time."""
+        """The PyTorch path: the activations quantized as the kernel does, times the dequantized weights, one slice
+        of the weights at a time."""
+        activations = quantize_activations(rows.float())
         slice_rows = max(1, WEIGHT_SLICE_FLOATS // self.in_features)
         outputs = []
         for part in self.parts:
             for start in range(0, part.out_features, slice_rows):
-                weight = dequantize(part.blocks[start:start + slice_rows], part.ggml_type, self.in_features)
-                outputs.append(F.linear(rows.float(), weight))
+                weight = part.dequantized_rows(start, min(part.out_features, start + slice_rows), self._kernels)
+                outputs.append(F.linear(activations, weight))
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         if self.bias is not None:
             out += self.bias
@@ -127,34 +159,27 @@ class GGUFLinear(nn.Module):
                 f"bias={self.bias is not None}")
 
 
-def _merge_adjacent(parts: Sequence[WeightBlocks]) -> list[WeightBlocks]:
-    """Neighbouring parts of one block type become one (their rows concatenated): one kernel call instead of two."""
-    merged: list[list[WeightBlocks]] = []
-    for part in parts:
-        if merged and merged[-1][0].ggml_type == part.ggml_type:
-            merged[-1].append(part)
-        else:
-            merged.append([part])
-    return [group[0] if len(group) == 1 else WeightBlocks(group[0].ggml_type, torch.cat([p.blocks for p in group]))
-            for group in merged]
-
-
 class GGUFEmbedding(nn.Module):
     """An embedding table kept in GGUF blocks: only the looked-up rows are dequantized (to `dtype`)."""
 
-    def __init__(self, weight: WeightBlocks, embedding_dim: int, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, weight: WeightPart, dtype: torch.dtype = torch.float32,
+                 kernels: GGUFKernels | None = None) -> None:
         super().__init__()
-        check_blocks(weight.ggml_type, weight.blocks, embedding_dim)
-        self.weight_blocks = weight
-        self.num_embeddings, self.embedding_dim = weight.out_features, embedding_dim
+        weight.check()
+        self.weight_part = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
         self.dtype = dtype
-        self.weight_bytes = weight.blocks.numel()
+        self._kernels = kernels
+        self.weight_bytes = weight.num_bytes
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.weight_blocks.blocks[input_ids.reshape(-1)]
-        values = dequantize(rows, self.weight_blocks.ggml_type, self.embedding_dim).to(self.dtype)
-        return values.reshape(*input_ids.shape, self.embedding_dim)
+        ids = input_ids.reshape(-1)
+        part = self.weight_part
+        if part.rows is not None:
+            values = dequantize(part.rows[ids], part.ggml_type, self.embedding_dim)
+        else:
+            values = self._kernels.rows(part.tiles, part.ggml_type, self.embedding_dim, self.num_embeddings, ids)
+        return values.to(self.dtype).reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return (f"{self.num_embeddings}, {self.embedding_dim}, "
-                f"blocks={BLOCK_FORMATS[self.weight_blocks.ggml_type].name}")
+        return f"{self.num_embeddings}, {self.embedding_dim}, blocks={BLOCK_FORMATS[self.weight_part.ggml_type].name}"

@@ -32,7 +32,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTen
 
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_file import TensorInfo, read_gguf
-from radixlm.model.gguf_linear import GGUFEmbedding, GGUFLinear, WeightBlocks
+from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,10 @@ GGUF_ARCHITECTURES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe
 
 
 def build_gguf_model(gguf_path: Path, config: PretrainedConfig, dtype: torch.dtype, attn_implementation: str,
-                     keep_blocks: bool, gguf_kernel: object = None) -> PreTrainedModel:
+                     keep_blocks: bool, kernels: GGUFKernels | None = None) -> PreTrainedModel:
     """The model of `config` with its weights read from `gguf_path`; `keep_blocks`: linears and embeddings in a
-    served block format stay packed (see the module docstring). `gguf_kernel`: what `GGUFLinear` calls for small
-    batches (None: the pure-PyTorch path)."""
+    served block format stay packed (see the module docstring). `kernels`: radixlm._C's, which `GGUFLinear` then
+    calls on tiled weights (None: the PyTorch path on the file's rows)."""
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     contents = read_gguf(gguf_path)
@@ -63,9 +63,9 @@ def build_gguf_model(gguf_path: Path, config: PretrainedConfig, dtype: torch.dty
                     disable=total < PROGRESS_BAR_BYTES)
     with open(gguf_path, "rb") as file, progress:
         for tensor in contents.tensors:
-            _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, gguf_kernel)
+            _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, kernels)
             progress.update(tensor.num_bytes)
-    _tie_output_embeddings(model, gguf_kernel)
+    _tie_output_embeddings(model, kernels)
     missing = [name for name, value in [*model.named_parameters(), *model.named_buffers()] if value.is_meta]
     missing += [f"{name}.bias" for name, module in model.named_modules() if getattr(module, "bias_pending", False)]
     if missing:
@@ -100,11 +100,11 @@ def _read(file: object, tensor: TensorInfo) -> np.ndarray:
 
 
 def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: TensorProcessor,
-                 name_map: dict[str, str], dtype: torch.dtype, keep_blocks: bool, gguf_kernel: object) -> None:
+                 name_map: dict[str, str], dtype: torch.dtype, keep_blocks: bool,
+                 kernels: GGUFKernels | None) -> None:
     ggml_type, shape = tensor.ggml_type, list(tensor.shape)
     hf_name = name_map.get(tensor.name)
     if hf_name is None:  # e.g. llama.cpp's precomputed rope_freqs; an architecture that renames is not served
-
         logger.debug("GGUF tensor %s has no place in the model: skipped", tensor.name)
         return
     module_name, _, attr = hf_name.rpartition(".")
@@ -114,15 +114,15 @@ def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: 
     if packable and (isinstance(module, nn.Linear) or type(module) is nn.Embedding):
         rows = data.reshape(shape[0], -1)
         rows = np.ascontiguousarray(processor.process(weights=rows, name=tensor.name).weights)
-        blocks = WeightBlocks(ggml_type, torch.from_numpy(rows))
+        part = WeightPart.from_rows(ggml_type, torch.from_numpy(rows), shape[1], packed=kernels is not None)
         parent_name, _, child = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if isinstance(module, nn.Linear):
             bias = None if module.bias is None or module.bias.is_meta else module.bias
-            replacement: nn.Module = GGUFLinear([blocks], shape[1], bias, gguf_kernel)
+            replacement: nn.Module = GGUFLinear([part], bias, kernels)
             replacement.bias_pending = module.bias is not None and bias is None
         else:
-            replacement = GGUFEmbedding(blocks, shape[1], dtype)
+            replacement = GGUFEmbedding(part, dtype, kernels)
         setattr(parent, child, replacement)
         return
     values = _dequantize(data, ggml_type, shape)
@@ -152,7 +152,7 @@ def _set_tensor(module: nn.Module, attr: str, values: torch.Tensor) -> None:
         module._buffers[attr] = values
 
 
-def _tie_output_embeddings(model: PreTrainedModel, gguf_kernel: object) -> None:
+def _tie_output_embeddings(model: PreTrainedModel, kernels: GGUFKernels | None) -> None:
     """A GGUF without `output.weight` ties the LM head to the embedding table: share its blocks or its weight."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if head is None or not getattr(model.config, "tie_word_embeddings", False):
@@ -160,7 +160,7 @@ def _tie_output_embeddings(model: PreTrainedModel, gguf_kernel: object) -> None:
     if isinstance(head, GGUFLinear) or (isinstance(head, nn.Linear) and not head.weight.is_meta):
         return
     if isinstance(embedding, GGUFEmbedding):
-        model.set_output_embeddings(GGUFLinear([embedding.weight_blocks], embedding.embedding_dim, None, gguf_kernel))
+        model.set_output_embeddings(GGUFLinear([embedding.weight_part], None, kernels))
     else:
         head.weight = embedding.weight
 

@@ -24,7 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.fused_ops import fuse_small_ops
-from radixlm.model.gguf_linear import gguf_kernel
+from radixlm.model.gguf_linear import gguf_kernels
 from radixlm.model.gguf_loader import build_gguf_model
 from radixlm.model.quantize import quantize_model
 from radixlm.model.sharding import check_tensor_parallel, keep_rank_kv_heads, plan_override
@@ -165,9 +165,9 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
         if tensor_parallel_size > 1:
             small_batch_kernels = False
     else:
-        kernel = gguf_kernel() if small_batch_kernels and quantization == "gguf" else None
+        kernels = gguf_kernels() if small_batch_kernels and quantization == "gguf" else None
         model = build_gguf_model(gguf_path, AutoConfig.from_pretrained(model_dir), dtype, attn_implementation,
-                                 keep_blocks=quantization == "gguf", gguf_kernel=kernel)
+                                 keep_blocks=quantization == "gguf", kernels=kernels)
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
