@@ -104,6 +104,9 @@ def _add_side_by_side_args(parser: argparse.ArgumentParser, radixlm_sets: str, c
     parser.add_argument("--model", default=None,
                         help="a .gguf file both servers load (radixlm sets without --model get it; the peer via "
                              "GGUF=); default: the default model")
+    parser.add_argument("--input-len", default="64-256", help="the random workload's prompt tokens, LOW-HIGH")
+    parser.add_argument("--output-len", default=None, help="the random workload's output tokens, LOW-HIGH "
+                                                           "(default 64-64)")
     parser.set_defaults(handler=_cmd_peers)
 
 
@@ -112,7 +115,7 @@ def _cmd_peers(args: argparse.Namespace) -> None:
 
     cases = [Case.parse(text) for text in args.cases.split(",") if text]
     bench_peers([s for s in args.radixlm.split(";")], cases, args.peer_script or None, args.peer_port,
-                args.workload_seed, args.model)
+                args.workload_seed, args.model, args.input_len, args.output_len)
 
 
 def _cmd_structured(args: argparse.Namespace) -> None:

@@ -42,12 +42,16 @@ class Case:
     def name(self) -> str:
         return f"{self.workload}, c={self.concurrency}"
 
-    def spec(self, seed: int) -> WorkloadSpec:
+    def spec(self, seed: int, input_len: str = "64-256", output_len: str | None = None) -> WorkloadSpec:
         """The issues' workloads: random 64-256 tokens in / 64 out; shared-prefix 4 x 8 questions on a 1,000-token
-        prefix, 32 out; multi-turn 4 rounds, 32-64 out; grounded: repeat a 300-token passage, 256 out."""
-        output_len = {"random": "64-64", "shared-prefix": "32-32", "grounded": "256-256"}.get(self.workload, "32-64")
-        return WorkloadSpec(num_prompts=self.num_requests, input_len=parse_range("64-256"),
-                            output_len=parse_range(output_len), prefix_len=1000, seed=seed)
+        prefix, 32 out; multi-turn 4 rounds, 32-64 out; grounded: repeat a 300-token passage, 256 out.
+        `input_len` / `output_len` ("LOW-HIGH") replace the random workload's."""
+        default_output = {"random": "64-64", "shared-prefix": "32-32", "grounded": "256-256"}.get(self.workload,
+                                                                                                 "32-64")
+        if self.workload == "random" and output_len:
+            default_output = output_len
+        return WorkloadSpec(num_prompts=self.num_requests, input_len=parse_range(input_len),
+                            output_len=parse_range(default_output), prefix_len=1000, seed=seed)
 
 
 @contextlib.contextmanager
@@ -65,10 +69,11 @@ def peer_server(script: str, port: int, model: str | None = None, timeout: float
         process.wait(60)
 
 
-def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int) -> dict[Case, dict[str, float]]:
+def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int, lengths: tuple[str, str | None]
+            ) -> dict[Case, dict[str, float]]:
     results = {}
     for case in cases:
-        options = BenchOptions([case.workload], case.spec(seed), max_concurrency=case.concurrency)
+        options = BenchOptions([case.workload], case.spec(seed, *lengths), max_concurrency=case.concurrency)
         summary = asyncio.run(run_all(base_url, options, tokenizer))[0].summary()
         results[case] = summary
         print(f"  {case.name}: {summary['output_tok_per_s']:.1f} out tok/s, ITL p50 {summary['itl_p50'] * 1000:.0f} "
@@ -77,8 +82,12 @@ def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int) -> d
 
 
 def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int,
-                model: str | None = None) -> None:
-    """`model`: a .gguf file the peer and every radixlm set (that names no --model of its own) serve."""
+                model: str | None = None, input_len: str = "64-256", output_len: str | None = None) -> None:
+    """`model`: a .gguf file the peer and every radixlm set (that names no --model of its own) serve;
+    `input_len`, `output_len`: the random workload's lengths (see `Case.spec`)."""
+    parse_range(input_len)
+    if output_len:
+        parse_range(output_len)
     if model is not None and not (model.endswith(".gguf") and Path(model).is_file()):
         raise ValueError(f"--model must be an existing .gguf file (the peer loads GGUF only), got {model!r}")
     tokenizer = load_tokenizer(resolve_model_dir(model or "SmolLM2-135M-Instruct"))
@@ -88,7 +97,7 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
             raise FileNotFoundError(f"no peer start script at {peer_script}")
         print(f"llama-server{f' ({Path(model).name})' if model else ''}:", flush=True)
         with peer_server(peer_script, port, model) as url:
-            columns["llama-server"] = measure(url, cases, tokenizer, seed)
+            columns["llama-server"] = measure(url, cases, tokenizer, seed, (input_len, output_len))
     for flags in radixlm_sets:
         label = f"radixlm {flags}".strip()
         print(f"{label}:", flush=True)
@@ -96,7 +105,7 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
         if model is not None and "--model" not in argv:
             argv += ["--model", model]
         with own_server(argv) as (url, _):
-            columns[label] = measure(url, cases, tokenizer, seed)
+            columns[label] = measure(url, cases, tokenizer, seed, (input_len, output_len))
     print_table(columns, cases)
 
 

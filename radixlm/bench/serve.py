@@ -103,8 +103,11 @@ async def run_workload(client: Any, model: str, sessions: list[Session], request
 async def run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list[WorkloadResult]:
     import openai  # a dev dependency (requirements-dev.txt): only the benchmark needs a client
 
+    # A connection per request (no keep-alive) and no retries: llama-server drops some requests on reused
+    # connections (../shared/peers/README.md), and a retried request would be counted as one that went through.
+    http_client = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=3600)
     client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=options.extra.get("api_key") or "unused",
-                                max_retries=2, timeout=3600)  # a peer may drop an idle keep-alive connection
+                                max_retries=0, timeout=3600, http_client=http_client)
     model = (await client.models.list()).data[0].id
     await client.completions.create(model=model, prompt="warm up", max_tokens=4)
     results = []

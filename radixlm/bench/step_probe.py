@@ -45,7 +45,7 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
             if module._small_batch is not None:
                 tensors.append(module._small_batch.weight)
         elif isinstance(module, GGUFLinear):
-            tensors.extend(part.blocks for part in module.parts)
+            tensors.extend(part.tiles if part.tiles is not None else part.rows for part in module.parts)
         else:
             tensors.append(module.weight)
     return tensors

@@ -7,7 +7,12 @@ pinned memory so the copy is asynchronous. On CPU nothing is copied.
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
+
+# glibc's mallopt parameters
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -34,3 +39,16 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return tensor
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def keep_freed_host_memory() -> bool:
+    """Ask glibc to serve large host allocations from its heap and to keep what is freed there, so a step's big
+    temporaries (a prefill chunk's MLP activations: tens of MB each) reuse memory instead of mapping fresh pages.
+    Every fresh page costs a fault (and in a VM an exit to the host): a 1B model's 2,048-token prefill spent 1.4 of
+    15.7 s in them. Call it once the weights and KV cache are allocated, so freed loading buffers are not kept.
+    False where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1))
+    except (OSError, AttributeError):
+        return False

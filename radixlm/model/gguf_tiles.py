@@ -164,9 +164,9 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     small that 127 / maximum overflows, becomes zeros; a block holding NaN or inf becomes NaN."""
     blocks = x.float().reshape(*x.shape[:-1], -1, K_BLOCK)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
-    inverse = 127.0 / amax
+    inverse = torch.full_like(amax, 127.0) / amax  # a true division (PyTorch's 127.0 / t multiplies by 1 / t)
     usable = torch.isfinite(inverse) & (amax > 0)
     q = torch.round(blocks * torch.where(usable, inverse, torch.zeros_like(inverse)))
-    step = torch.where(usable, amax / 127.0, torch.zeros_like(amax))
+    step = torch.where(usable, amax / torch.full_like(amax, 127.0), torch.zeros_like(amax))
     step = torch.where(torch.isfinite(amax), step, torch.full_like(amax, float("nan")))
     return (q * step).reshape(x.shape)

@@ -15,7 +15,7 @@ from radixlm.core.step import ScheduledChunk
 from radixlm.distributed.group import agree_min
 from radixlm.model.attention import register_paged_attention
 from radixlm.model.decode_kernel import resolve_backend
-from radixlm.model.device import resolve_device, resolve_dtype
+from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
@@ -80,6 +80,7 @@ class ModelRunner:
             cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size, self.device))
         self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
                                      self.shape.num_kv_heads, self.shape.head_dim, kv_dtype, self.device)
+        keep_freed_host_memory()
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
