@@ -80,7 +80,8 @@ struct Q4_K {
   static constexpr bool kHalves = false, kSigned = false;
   RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
     s.scale[0] = _mm256_mul_ps(halves8(super + 16 * half), bytes8(super + 64 + 16 * j + 8 * half, false));
-    s.offset[0] = negate(_mm256_mul_ps(halves8(super + 32 + 16 * half), bytes8(super + 192 + 16 * j + 8 * half, false)));
+    const __m256 dmin = halves8(super + 32 + 16 * half);
+    s.offset[0] = negate(_mm256_mul_ps(dmin, bytes8(super + 192 + 16 * j + 8 * half, false)));
     nibbles(super + 320 + 256 * j, half, w);
   }
 };

@@ -57,13 +57,10 @@ radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t path) {
   return radixlm_gguf::portable_kernel(ggml_type);
 }
 
-// The quantized activations and the buffers behind them.
+// The quantized activations, all in one buffer (one allocation a call: a decode step makes a hundred calls).
 struct QuantizedRows {
-  at::Tensor q, step, isum32, sum32, sum16;
-  radixlm_gguf::Activations view() const {
-    return {q.data_ptr<int8_t>(), step.data_ptr<float>(), isum32.data_ptr<int32_t>(), sum32.data_ptr<float>(),
-            sum16.data_ptr<float>(), q.size(1)};
-  }
+  at::Tensor buffer;
+  radixlm_gguf::Activations view;
 };
 
 // One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
@@ -90,21 +87,20 @@ void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, flo
 }
 
 QuantizedRows quantize_rows(const float* x, int64_t m_dim, int64_t k_dim) {
-  const int64_t blocks = k_dim / kBlock;
-  const auto bytes = at::TensorOptions().dtype(at::kChar);
-  const auto floats = at::TensorOptions().dtype(at::kFloat);
-  QuantizedRows rows{at::empty({m_dim, k_dim}, bytes), at::empty({m_dim, blocks}, floats),
-                     at::empty({m_dim, blocks}, at::TensorOptions().dtype(at::kInt)),
-                     at::empty({m_dim, blocks}, floats), at::empty({m_dim, 2 * blocks}, floats)};
-  const radixlm_gguf::Activations a = rows.view();
-  at::parallel_for(0, m_dim * blocks, 4096, [&](int64_t first, int64_t last) {
+  const int64_t blocks = m_dim * (k_dim / kBlock);
+  // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
+  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, isum32; sum16
+  at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
+  float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
+  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
+  int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
+  int8_t* q = reinterpret_cast<int8_t*>(floats + words);
+  at::parallel_for(0, blocks, 4096, [&](int64_t first, int64_t last) {
     for (int64_t i = first; i < last; ++i) {
-      quantize_block(x + i * kBlock, const_cast<int8_t*>(a.q) + i * kBlock, const_cast<float*>(a.step) + i,
-                     const_cast<int32_t*>(a.isum32) + i, const_cast<float*>(a.sum32) + i,
-                     const_cast<float*>(a.sum16) + 2 * i);
+      quantize_block(x + i * kBlock, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
     }
   });
-  return rows;
+  return {buffer, {q, step, isum32, sum32, sum16, k_dim}};
 }
 
 struct Part {
@@ -125,7 +121,7 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
   const int64_t k_dim = input.size(-1);
   c10::SmallVector<Part, kMaxParts> parts;
-  int64_t n_dim = 0, num_tiles = 0, max_tile_bytes = 0;
+  int64_t n_dim = 0, num_tiles = 0;
   for (size_t i = 0; i < tiles.size(); ++i) {
     const radixlm_gguf::TileFormat& format = find_format(types[i]);
     TORCH_CHECK(k_dim > 0 && k_dim % format.super_weights == 0, "gguf_linear: ", format.name,
@@ -136,13 +132,13 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
     radixlm::check_dense_cpu(tiles[i], "tiles");
     TORCH_CHECK(tiles[i].scalar_type() == at::kByte && tiles[i].is_contiguous() &&
                     tiles[i].sizes() == at::IntArrayRef({part_tiles, tile_bytes}),
-                "gguf_linear: part ", i, " must be contiguous uint8 [", part_tiles, ", ", tile_bytes, "] (", format.name,
+                "gguf_linear: part ", i, " must be contiguous uint8 [", part_tiles, ", ", tile_bytes, "] (",
+                format.name,
                 ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
     parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
                      select_kernel(types[i], path)});
     n_dim += out_features[i];
     num_tiles += part_tiles;
-    max_tile_bytes = std::max(max_tile_bytes, tile_bytes);
   }
   if (bias.has_value()) {
     radixlm::check_dense_float_cpu(*bias, "bias");
@@ -154,12 +150,30 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   at::Tensor out = radixlm::empty_output(x, n_dim);
   if (m_dim == 0) return out;
   const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), m_dim, k_dim);
-  const radixlm_gguf::Activations a = rows.view();
+  const radixlm_gguf::Activations& a = rows.view;
   float* out_data = out.data_ptr<float>();
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  // A task reads at least kGrainBytes of weights for each row it serves (a small layer stays on one thread).
-  const int64_t grain = std::max<int64_t>(1, radixlm::kGrainBytes / (max_tile_bytes * std::min(m_dim, kRowBlock)));
-  at::parallel_for(0, num_tiles, grain, [&](int64_t first, int64_t last) {
+  // One task a thread, each an equal share of the weight bytes (parts of different formats have tiles of different
+  // sizes, and at one row the bytes are the time), each reading at least kGrainBytes per row it serves: a small
+  // layer stays on one thread.
+  int64_t total_bytes = 0;
+  for (const Part& part : parts) total_bytes += (part.out_features + kTileRows - 1) / kTileRows * part.tile_bytes;
+  const int64_t work = total_bytes * std::min(m_dim, kRowBlock);
+  const int64_t num_tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / radixlm::kGrainBytes));
+  // The first tile whose bytes start at or after `offset`.
+  auto tile_at = [&](int64_t offset) {
+    for (const Part& part : parts) {
+      const int64_t part_tiles = (part.out_features + kTileRows - 1) / kTileRows;
+      if (offset < part_tiles * part.tile_bytes) {
+        return part.first_tile + (offset + part.tile_bytes - 1) / part.tile_bytes;
+      }
+      offset -= part_tiles * part.tile_bytes;
+    }
+    return num_tiles;
+  };
+  at::parallel_for(0, num_tasks, 1, [&](int64_t first_task, int64_t last_task) {
+    const int64_t first = tile_at(total_bytes * first_task / num_tasks);
+    const int64_t last = tile_at(total_bytes * last_task / num_tasks);
     for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
       const int64_t row_end = std::min(m_dim, row_block + kRowBlock);
       size_t p = 0;

@@ -181,7 +181,8 @@ PyObject* gguf_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   std::vector<int64_t> types, out_features;
   int64_t path = radixlm::kGgufPathBest;
   if (!tensor_arg(args, 0, false, &x) || !tensors_arg(args, 1, &tiles) || !ints_arg(args, 2, &types) ||
-      !ints_arg(args, 3, &out_features) || !tensor_arg(args, 4, true, &bias) || (nargs == 6 && !int_arg(args, 5, &path))) {
+      !ints_arg(args, 3, &out_features) || !tensor_arg(args, 4, true, &bias) ||
+      (nargs == 6 && !int_arg(args, 5, &path))) {
     return nullptr;
   }
   return run_kernel([&] { return radixlm::gguf_linear(*x, tiles, types, out_features, bias, path); });
