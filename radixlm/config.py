@@ -17,7 +17,7 @@ SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf")
+QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf", "q4_0", "q4_1", "q8_0")
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 MAX_SPECULATIVE_TOKENS = 16
@@ -71,8 +71,10 @@ class ModelConfig:
     num_threads: int | None = field(default=None, metadata=_help("torch intra-op threads (default: torch's)"))
     quantization: str | None = field(default=None, metadata=_help(
         "weight quantization: int8 (every linear, LM head included: int8 per-channel weights, per-token int8 "
-        "activations, PyTorch's fbgemm kernel) or gguf (a .gguf model's linears and embedding served in the file's "
-        "own blocks: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; float32 activations); both need --dtype float32 and --device cpu"))
+        "activations); gguf (a .gguf model's linears and embedding served in the file's own blocks: Q8_0, Q4_0, "
+        "Q4_1, Q4_K, Q6_K); q4_0, q4_1, q8_0 (any checkpoint's linears and embedding quantized at load to that GGUF "
+        "block format: 4-bit with a scale per 32 weights, 4-bit with a scale and a minimum per 32, 8-bit). The GGUF "
+        "formats multiply int8 activations, quantized per 32 values. All need --dtype float32 and --device cpu"))
     attention_backend: str = field(default="auto", metadata=_help(
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
     distributed_executor_backend: str = field(default="uni", metadata=_help(

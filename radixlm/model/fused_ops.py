@@ -158,8 +158,9 @@ def _fuse_attention(module: nn.Module, sliding_window: int | None, cpp_kernels: 
 
 
 def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
-    """Replace the norms, MLPs and attention blocks `model` has fused versions of, in place; returns how many.
-    `cpp_kernels`: float32 CPU norms and rotary embeddings run radixlm._C's kernels (when it is built)."""
+    """Replace the norms, MLPs and attention blocks `model` has fused versions of, in place; returns how many
+    (modules fused by an earlier call are left as they are). `cpp_kernels`: float32 CPU norms and rotary embeddings
+    run radixlm._C's kernels (when it is built)."""
     replaced = 0
     # Names, not modules: a list of the modules would keep every replaced projection alive until the end (for
     # packed or float weights alike, a second copy of every fused matrix at the peak).
@@ -176,7 +177,7 @@ def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
             setattr(parent, child, FusedRMSNorm(module.weight, module.variance_epsilon, kernel))
         elif kind in MLP_CLASSES and getattr(getattr(module, "config", None), "hidden_act", None) == "silu":
             setattr(parent, child, FusedGatedMLP(module.gate_proj, module.up_proj, module.down_proj))
-        elif kind in ATTENTION_CLASSES and module.head_dim % 2 == 0:
+        elif kind in ATTENTION_CLASSES and module.head_dim % 2 == 0 and not hasattr(module, "qkv_proj"):
             _fuse_attention(module, ATTENTION_CLASSES[kind](module), cpp_kernels)
         else:
             continue

@@ -18,6 +18,7 @@ rows applies to packed rows as to float ones, and any other fix makes that tenso
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTen
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_file import TensorInfo, read_gguf
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
+from radixlm.model.layer_stream import LayerTracker
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +49,15 @@ GGUF_ARCHITECTURES = {"cohere": "command-r", "qwen2_moe": "qwen2moe", "qwen3_moe
 
 
 def build_gguf_model(gguf_path: Path, config: PretrainedConfig, dtype: torch.dtype, attn_implementation: str,
-                     keep_blocks: bool, kernels: GGUFKernels | None = None) -> PreTrainedModel:
+                     keep_blocks: bool, kernels: GGUFKernels | None = None,
+                     finish_layer: Callable[[nn.Module], None] | None = None) -> PreTrainedModel:
     """The model of `config` with its weights read from `gguf_path`; `keep_blocks`: linears and embeddings in a
     served block format stay packed (see the module docstring). `kernels`: radixlm._C's, which `GGUFLinear` then
-    calls on tiled weights (None: the PyTorch path on the file's rows)."""
+    calls on tiled weights (None: the PyTorch path on the file's rows). `finish_layer(layer)` is called on each
+    decoder layer as soon as all its tensors are loaded (`radixlm.model.layer_stream`)."""
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    tracker = LayerTracker(model, finish_layer)
     contents = read_gguf(gguf_path)
     architecture = str(contents.metadata.get("general.architecture"))
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
@@ -63,7 +68,9 @@ def build_gguf_model(gguf_path: Path, config: PretrainedConfig, dtype: torch.dty
                     disable=total < PROGRESS_BAR_BYTES)
     with open(gguf_path, "rb") as file, progress:
         for tensor in contents.tensors:
-            _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, kernels)
+            hf_name = _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, kernels)
+            if hf_name is not None:
+                tracker.loaded(hf_name)
             progress.update(tensor.num_bytes)
     _tie_output_embeddings(model, kernels)
     missing = [name for name, value in [*model.named_parameters(), *model.named_buffers()] if value.is_meta]
@@ -101,12 +108,13 @@ def _read(file: object, tensor: TensorInfo) -> np.ndarray:
 
 def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: TensorProcessor,
                  name_map: dict[str, str], dtype: torch.dtype, keep_blocks: bool,
-                 kernels: GGUFKernels | None) -> None:
+                 kernels: GGUFKernels | None) -> str | None:
+    """Put `tensor` in place; returns the model's name for it (None: the model has no place for it)."""
     ggml_type, shape = tensor.ggml_type, list(tensor.shape)
     hf_name = name_map.get(tensor.name)
     if hf_name is None:  # e.g. llama.cpp's precomputed rope_freqs; an architecture that renames is not served
         logger.debug("GGUF tensor %s has no place in the model: skipped", tensor.name)
-        return
+        return None
     module_name, _, attr = hf_name.rpartition(".")
     module = model.get_submodule(module_name)
     data = _read(file, tensor)
@@ -124,10 +132,11 @@ def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: 
         else:
             replacement = GGUFEmbedding(part, dtype, kernels)
         setattr(parent, child, replacement)
-        return
+        return hf_name
     values = _dequantize(data, ggml_type, shape)
     values = torch.from_numpy(np.ascontiguousarray(processor.process(weights=values, name=tensor.name).weights))
     _set_tensor(module, attr, values.to(dtype))
+    return hf_name
 
 
 def _dequantize(data: np.ndarray, ggml_type: int, shape: list[int]) -> np.ndarray:

@@ -23,12 +23,12 @@ from transformers.distributed import DistributedConfig
 from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
-from radixlm.model.fused_ops import fuse_small_ops
+from radixlm.model.checkpoint_loader import build_checkpoint_model
 from radixlm.model.gguf_linear import gguf_kernels
 from radixlm.model.gguf_loader import build_gguf_model
-from radixlm.model.quantize import quantize_model
+from radixlm.model.serving_format import BLOCK_QUANTIZATIONS, ServingFormat
 from radixlm.model.sharding import check_tensor_parallel, keep_rank_kv_heads, plan_override
-from radixlm.model.small_batch import int8_kernel_is_vectorized, kernels_available, use_small_batch_linears
+from radixlm.model.small_batch import kernels_available
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +144,16 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
                quantization: str | None = None, small_batch_kernels: bool | None = None,
                device: torch.device | str = "cpu", tensor_parallel_size: int = 1) -> PreTrainedModel:
     """Load a decoder-only causal LM with our attention function, its small ops fused where we know the module
-    (`radixlm.model.fused_ops`) and its linears quantized if asked (`quantization`: int8, see
-    `radixlm.model.quantize`; gguf, the GGUF file's own blocks, see `radixlm.model.gguf_linear`); refuse models
-    that would bypass our attention. A GGUF's weights stream from the file (`radixlm.model.gguf_loader`).
-    `small_batch_kernels`: run linears of up to 9 rows (17 for int8), the fused RMSNorms and rotary embeddings
-    through radixlm._C (`radixlm.model.small_batch`, `fused_ops`); None: when the extension is built; False:
-    PyTorch's kernels only. The weights are placed on `device` before any module is replaced.
+    (`radixlm.model.fused_ops`) and its weights in the format `quantization` names (`radixlm.model.serving_format`:
+    int8, gguf, q4_0, q4_1, q8_0); refuse models that would bypass our attention.
+
+    A GGUF's weights stream from the file (`radixlm.model.gguf_loader`); a quantized load of an HF checkpoint streams
+    its safetensors (`radixlm.model.checkpoint_loader`); a quantized load turns each decoder layer into its serving
+    format as soon as it is read, so no float copy of the model exists. An unquantized HF checkpoint loads through
+    transformers' `from_pretrained`.
+    `small_batch_kernels`: radixlm._C's linears, norms and rotary embeddings (`radixlm.model.small_batch`,
+    `fused_ops`, `gguf_linear`); None: when the extension is built; False: PyTorch's kernels only. Unquantized
+    weights are placed on `device` before any module is replaced.
     `tensor_parallel_size` > 1: this rank's shard, by transformers' tensor-parallel plan of the architecture (the
     process group must be joined first, see `radixlm.distributed`; transformers places the shard on this rank's
     device; a GGUF goes through its float32 copy, `float32_checkpoint`); the C++ linears are not shard-aware and
@@ -159,29 +163,29 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     gguf_path = gguf_source(model_dir)
     if quantization == "gguf" and gguf_path is None:
         raise ValueError(f"quantization gguf serves a .gguf file's own blocks; {model_dir} is not a GGUF model")
-    if tensor_parallel_size > 1 or gguf_path is None:
+    if tensor_parallel_size > 1:
+        small_batch_kernels = False
+    use_gguf_kernels = small_batch_kernels and quantization in ("gguf", *BLOCK_QUANTIZATIONS)
+    serving = ServingFormat(quantization, small_batch_kernels, gguf_kernels() if use_gguf_kernels else None)
+    finish_layer = serving.finish_layer if quantization is not None else None  # quantized serving is on CPU
+    if tensor_parallel_size > 1:
         model = _load_hf_checkpoint(float32_checkpoint(model_dir), dtype, attn_implementation,
                                     quantization, tensor_parallel_size)
-        if tensor_parallel_size > 1:
-            small_batch_kernels = False
-    else:
-        kernels = gguf_kernels() if small_batch_kernels and quantization == "gguf" else None
+    elif gguf_path is not None:
         model = build_gguf_model(gguf_path, AutoConfig.from_pretrained(model_dir), dtype, attn_implementation,
-                                 keep_blocks=quantization == "gguf", kernels=kernels)
+                                 keep_blocks=quantization == "gguf", kernels=serving.gguf_kernels,
+                                 finish_layer=finish_layer)
+    elif finish_layer is not None:
+        model = build_checkpoint_model(model_dir, AutoConfig.from_pretrained(model_dir), dtype, attn_implementation,
+                                       finish_layer)
+    else:
+        model = _load_hf_checkpoint(model_dir, dtype, attn_implementation, quantization, tensor_parallel_size)
     if not getattr(model, "_supports_attention_backend", False):
         raise ValueError(f"{type(model).__name__} does not route attention through transformers' attention "
                          f"interface, so radixlm cannot page its KV cache")
     if tensor_parallel_size == 1:
         model.to(device)
-    num_fused = fuse_small_ops(model, cpp_kernels=small_batch_kernels)
-    logger.debug("fused %d norm, MLP and attention modules", num_fused)
-    if quantization == "int8":
-        num_linears = quantize_model(model, quantization,
-                                     small_batch=small_batch_kernels and int8_kernel_is_vectorized(),
-                                     fused_scaling=small_batch_kernels)
-        logger.info("quantized %d linear layers to %s", num_linears, quantization)
-    elif small_batch_kernels:
-        logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))
+    serving.finish_model(model)
     return model.eval()
 
 

@@ -66,6 +66,9 @@ class ModelRunner:
             torch.set_num_threads(model_config.num_threads)
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
+        if model_config.quantization is not None and self.device.type != "cpu":
+            raise ValueError(f"quantization {model_config.quantization} runs on the CPU only, got device "
+                             f"{self.device.type}")
         self.attention_backend = _attention_backend(model_config, self.device)
         kv_dtype = self.dtype if cache_config.kv_cache_dtype == "auto" else getattr(torch, cache_config.kv_cache_dtype)
         # --attention-backend torch is the all-PyTorch reference: no C++ linears either.
