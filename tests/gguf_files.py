@@ -1,9 +1,9 @@
 """Tiny random-weight Llama GGUF files in chosen block formats, written at test time (no downloads).
 
-The tokenizer is the default model's (copied from its GGUF's metadata), so transformers' own GGUF loader reads the
-file too and gives the independent float32 reference. Q8_0, Q4_0 and Q4_1 weights are quantized from random floats
-by gguf-py; gguf-py has no K-quant quantizer, so Q4_K and Q6_K blocks are random bytes with small finite scales
-(any bytes are valid blocks of those formats).
+The tokenizer is a small byte-level BPE one (tests/tiny_models.py's) stored as GGUF metadata, so transformers' own
+GGUF loader reads the file too and gives the independent float32 reference. Q8_0, Q4_0 and Q4_1 weights are
+quantized from random floats by gguf-py; gguf-py has no K-quant quantizer, so Q4_K and Q6_K blocks are random
+bytes with small finite scales (any bytes are valid blocks of those formats).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, GGUFValueType, GGUFWriter, quantize
+from gguf import GGUFWriter, quantize
 
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, row_bytes
-from radixlm.model.loader import _default_gguf_path
 
 # Bytes per block and where its float16 scales sit, for the formats written as random bytes.
 # Bytes per block and the float16 scales of the formats written as random bytes: (offset, low, high) each, chosen so
@@ -27,27 +26,38 @@ RANDOM_BLOCKS = {Q.Q4_K: (144, ((0, 3e-4, 5e-4), (2, 2.25e-3, 3.75e-3))), Q.Q6_K
 SHAPE = dict(hidden=256, ffn=512, layers=2, heads=4, kv_heads=2)
 
 
+VOCAB_SIZE = 512  # the tiny tokenizer's tokens, padded with unused ones (random prompts use ids up to 300)
+
+
 @functools.cache
-def _tokenizer_fields() -> list[tuple[str, str, object, GGUFValueType]]:
-    """The default model's tokenizer metadata: (key, how to add it, value, type), read once."""
-    fields = []
-    for key, field in GGUFReader(_default_gguf_path()).fields.items():
-        if key.startswith("tokenizer."):
-            kind = field.types[0]
-            how = {GGUFValueType.ARRAY: "array", GGUFValueType.STRING: "string"}.get(kind, "value")
-            fields.append((key, how, list(field.contents()) if how == "array" else field.contents(), kind))
-    return fields
+def _tokenizer() -> tuple[list[str], list[str], int]:
+    """The tiny test tokenizer's tokens (by id, padded to VOCAB_SIZE), merges and end-of-sequence id."""
+    import json
+
+    from tiny_models import build_tokenizer
+
+    fast = build_tokenizer()
+    model = json.loads(fast.backend_tokenizer.to_str())["model"]
+    tokens = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1])]
+    tokens += [f"<unused_{i}>" for i in range(len(tokens), VOCAB_SIZE)]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    return tokens, merges, fast.convert_tokens_to_ids("<|im_end|>")
 
 
-def _copy_tokenizer(writer: GGUFWriter) -> int:
-    for key, how, value, kind in _tokenizer_fields():
-        if how == "array":
-            writer.add_array(key, value)
-        elif how == "string":
-            writer.add_string(key, value)
-        else:
-            writer.add_key_value(key, value, kind)
-    return next(len(value) for key, _, value, _ in _tokenizer_fields() if key == "tokenizer.ggml.tokens")
+def _add_tokenizer(writer: GGUFWriter) -> int:
+    """A small byte-level BPE tokenizer (tests/tiny_models.py's) as GGUF metadata: a 49k-token one made every
+    GGUF parse of transformers' take seconds."""
+    tokens, merges, eos = _tokenizer()
+    specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 5 if t.startswith("<unused_") else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(eos)
+    writer.add_pad_token_id(0)
+    return len(tokens)
 
 
 def _blocks(rng: np.random.Generator, rows: int, cols: int, ggml_type: Q) -> np.ndarray:
@@ -79,7 +89,7 @@ def write_tiny_gguf(path: Path, types: dict[str, Q], seed: int = 0) -> Path:
     hidden, ffn, heads, kv_heads = SHAPE["hidden"], SHAPE["ffn"], SHAPE["heads"], SHAPE["kv_heads"]
     head_dim = hidden // heads
     writer = GGUFWriter(path, "llama")
-    vocab = _copy_tokenizer(writer)
+    vocab = _add_tokenizer(writer)
     writer.add_name("tiny-random-llama")
     writer.add_block_count(SHAPE["layers"])
     writer.add_context_length(512)

@@ -13,6 +13,7 @@ import contextlib
 import os
 import shlex
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,15 +56,17 @@ class Case:
 
 
 @contextlib.contextmanager
-def peer_server(script: str, port: int, model: str | None = None, timeout: float = 300.0) -> Iterator[str]:
-    """The peer started by `script` on `port`, on the GGUF file `model` (the script's default when None)."""
+def peer_server(script: str, port: int, model: str | None = None, timeout: float = 300.0
+                ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The peer started by `script` on `port`, on the GGUF file `model` (the script's default when None); yields its
+    base URL and process (the script execs the server, so the process is the server's)."""
     env = dict(os.environ, **({"GGUF": str(Path(model).resolve())} if model else {}))
     process = subprocess.Popen(["bash", script, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env)
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(base_url, process, timeout, script)
-        yield base_url
+        yield base_url, process
     finally:
         process.terminate()
         process.wait(60)
@@ -81,6 +84,34 @@ def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int, leng
     return results
 
 
+@dataclass(frozen=True)
+class ServerCost:
+    """What a server took: seconds from start to a healthy /health, and its peak resident memory (VmHWM) after the
+    cases ran."""
+    ready_seconds: float
+    peak_rss_bytes: int
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """The process's peak resident set size (Linux's VmHWM), 0 where /proc does not say."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextlib.contextmanager
+def timed_server(server: contextlib.AbstractContextManager, costs: dict[str, ServerCost], label: str
+                 ) -> Iterator[str]:
+    """`server` (yielding its URL and process) entered; its cost is put in `costs[label]` on the way out."""
+    started = time.monotonic()
+    with server as (url, process):
+        ready = time.monotonic() - started
+        yield url
+        costs[label] = ServerCost(ready, peak_rss_bytes(process.pid))
+
+
 def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int,
                 model: str | None = None, input_len: str = "64-256", output_len: str | None = None) -> None:
     """`model`: a .gguf file the peer and every radixlm set (that names no --model of its own) serve;
@@ -92,11 +123,12 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
         raise ValueError(f"--model must be an existing .gguf file (the peer loads GGUF only), got {model!r}")
     tokenizer = load_tokenizer(resolve_model_dir(model or "SmolLM2-135M-Instruct"))
     columns: dict[str, dict[Case, dict[str, float]]] = {}
+    costs: dict[str, ServerCost] = {}
     if peer_script:
         if not Path(peer_script).exists():
             raise FileNotFoundError(f"no peer start script at {peer_script}")
         print(f"llama-server{f' ({Path(model).name})' if model else ''}:", flush=True)
-        with peer_server(peer_script, port, model) as url:
+        with timed_server(peer_server(peer_script, port, model), costs, "llama-server") as url:
             columns["llama-server"] = measure(url, cases, tokenizer, seed, (input_len, output_len))
     for flags in radixlm_sets:
         label = f"radixlm {flags}".strip()
@@ -104,9 +136,10 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
         argv = shlex.split(flags)
         if model is not None and "--model" not in argv:
             argv += ["--model", model]
-        with own_server(argv) as (url, _):
+        with timed_server(own_server(argv), costs, label) as url:
             columns[label] = measure(url, cases, tokenizer, seed, (input_len, output_len))
     print_table(columns, cases)
+    print_costs(costs)
 
 
 def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Case]) -> None:
@@ -132,3 +165,12 @@ def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Ca
             cells += [f"{columns[label][case]['output_tok_per_s'] / base:.2f}x" for label in labels
                       if label != "llama-server"]
         print(f"| {case.name} | " + " | ".join(cells) + " |")
+
+
+def print_costs(costs: dict[str, ServerCost]) -> None:
+    peer = costs.get("llama-server")
+    print("\n| server | ready in s | peak RSS GB |" + (" peak RSS / llama-server's |" if peer else ""))
+    print("|---|---|---|" + ("---|" if peer else ""))
+    for label, cost in costs.items():
+        ratio = f" {cost.peak_rss_bytes / max(1, peer.peak_rss_bytes):.2f}x |" if peer else ""
+        print(f"| {label} | {cost.ready_seconds:.1f} | {cost.peak_rss_bytes / 1e9:.2f} |{ratio}")

@@ -109,7 +109,7 @@ def float32_checkpoint(model_dir: Path) -> Path:
         return target
     staging = Path(tempfile.mkdtemp(prefix=".float32-", dir=model_dir))
     try:
-        _convert_gguf(gguf_path, staging)
+        _convert_gguf(gguf_path, staging, tokenizer_dir=model_dir)
         try:
             staging.rename(target)
         except OSError:  # another process finished first
@@ -120,9 +120,10 @@ def float32_checkpoint(model_dir: Path) -> Path:
     return target
 
 
-def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF checkpoint into an fp32 safetensors directory with its tokenizer (transformers' loader)."""
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+def _convert_gguf(gguf_path: Path, out_dir: Path, tokenizer_dir: Path) -> None:
+    """Dequantize a GGUF checkpoint into an fp32 safetensors directory (transformers' loader), with the tokenizer
+    already read from it into `tokenizer_dir` (a second read of its metadata would take seconds again)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
                                                       dtype=torch.float32)
     # A GGUF-loaded model is flagged as quantized and refuses save_pretrained: rebuild it from a clean config.

@@ -71,7 +71,7 @@ def test_block_formats_match_hf_on_the_same_blocks(name, tiny_model_dir, referen
         gap = hf_logit_gap(tiny_model_dir("llama"), prompt + theirs[:first], theirs[first], ours[first],
                            prepare=blocks_reference(FORMATS[name]))
         assert gap < NEAR_TIE, f"diverged from HF at token {first} where HF's logits were {gap:.4f} apart"
-    assert num_diverged <= 2
+    assert num_diverged <= len(outputs) // 2  # each at a near tie, as in test_gguf_models.py
 
 
 @pytest.mark.parametrize("name", ["int8", "q4_1"])
