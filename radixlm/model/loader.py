@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ from transformers.utils import logging as hf_logging
 
 from radixlm.config import DEFAULT_MODEL
 from radixlm.model.checkpoint_loader import build_checkpoint_model
+from radixlm.model.gguf_blocks import BLOCK_FORMATS
+from radixlm.model.gguf_file import read_gguf
 from radixlm.model.gguf_linear import gguf_kernels
 from radixlm.model.gguf_loader import build_gguf_model
 from radixlm.model.serving_format import BLOCK_QUANTIZATIONS, ServingFormat
@@ -173,6 +176,8 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
         model = _load_hf_checkpoint(float32_checkpoint(model_dir), dtype, attn_implementation,
                                     quantization, tensor_parallel_size)
     elif gguf_path is not None:
+        if quantization is None:
+            _warn_if_dequantizing_much(gguf_path, dtype)
         model = build_gguf_model(gguf_path, AutoConfig.from_pretrained(model_dir), dtype, attn_implementation,
                                  keep_blocks=quantization == "gguf", kernels=serving.gguf_kernels,
                                  finish_layer=finish_layer)
@@ -188,6 +193,19 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
         model.to(device)
     serving.finish_model(model)
     return model.eval()
+
+
+def _warn_if_dequantizing_much(gguf_path: Path, dtype: torch.dtype) -> None:
+    """A GGUF of block-format weights loaded without --quantization is dequantized whole: say what that costs when it
+    is more than a gigabyte (a user of llama.cpp or vLLM expects the file's own format)."""
+    tensors = read_gguf(gguf_path).tensors
+    if not any(t.ggml_type in BLOCK_FORMATS for t in tensors):
+        return
+    num_bytes = sum(math.prod(t.shape) for t in tensors) * torch.finfo(dtype).bits // 8
+    if num_bytes > 1 << 30:
+        logger.warning("%s holds quantized weights: they load dequantized to %s, %.1f GB; --quantization gguf "
+                       "serves the file's own blocks", gguf_path.name, str(dtype).removeprefix("torch."),
+                       num_bytes / 1e9)
 
 
 def _load_hf_checkpoint(model_dir: Path, dtype: torch.dtype, attn_implementation: str, quantization: str | None,
