@@ -23,6 +23,9 @@ from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.bench.workload import parse_range
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 
+MAX_CONCURRENCY = 4096  # clients of one case
+MAX_REQUESTS = 100_000  # requests of one case
+
 
 @dataclass(frozen=True)
 class Case:
@@ -35,9 +38,13 @@ class Case:
         try:
             workload, rest = text.split("@")
             concurrency, num_requests = rest.split(":")
-            return cls(workload, int(concurrency), int(num_requests))
+            case = cls(workload, int(concurrency), int(num_requests))
         except ValueError:
             raise ValueError(f"a case is WORKLOAD@CONCURRENCY:REQUESTS, got {text!r}") from None
+        if not 1 <= case.concurrency <= MAX_CONCURRENCY or not 1 <= case.num_requests <= MAX_REQUESTS:
+            raise ValueError(f"a case's concurrency must be in [1, {MAX_CONCURRENCY}] and its requests in "
+                             f"[1, {MAX_REQUESTS}], got {text!r}")
+        return case
 
     @property
     def name(self) -> str:

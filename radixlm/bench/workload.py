@@ -14,12 +14,15 @@ class BenchRequest:
     output_len: int
 
 
+MAX_LENGTH = 1 << 20  # tokens: a length past any model's context, before it is built
+
+
 def parse_range(text: str) -> tuple[int, int]:
     """'64-512' -> (64, 512); '128' -> (128, 128)."""
     low, _, high = text.partition("-")
     bounds = (int(low), int(high or low))
-    if bounds[0] < 1 or bounds[0] > bounds[1]:
-        raise ValueError(f"bad length range {text!r}: want LOW-HIGH with 1 <= LOW <= HIGH")
+    if bounds[0] < 1 or bounds[0] > bounds[1] or bounds[1] > MAX_LENGTH:
+        raise ValueError(f"bad length range {text!r}: want LOW-HIGH with 1 <= LOW <= HIGH <= {MAX_LENGTH}")
     return bounds
 
 

@@ -1,0 +1,32 @@
+"""`bench peers` cases and length ranges refuse hostile values with a ValueError naming them, before any server
+starts."""
+
+import pytest
+
+from radixlm.bench.peers import MAX_CONCURRENCY, MAX_REQUESTS, Case
+from radixlm.bench.workload import MAX_LENGTH, parse_range
+
+
+def test_a_case_parses() -> None:
+    assert Case.parse("random@16:32") == Case("random", 16, 32)
+
+
+@pytest.mark.parametrize("text", ["random@0:1", "random@1:0", "random@1:-1", "random@-3:4",
+                                  f"random@{MAX_CONCURRENCY + 1}:1", f"random@1:{MAX_REQUESTS + 1}",
+                                  "random@1000000000:1", "random@nan:1", "random@1.5:2", "random@1", "", "@:"])
+def test_bad_cases_are_value_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="case"):
+        Case.parse(text)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "nan-3", "0-0", "5-2", "-1", f"1-{MAX_LENGTH + 1}", "1-1000000000",
+                                  "1e-45", "inf"])
+def test_bad_length_ranges_are_value_errors(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_range(text)
+
+
+def test_length_ranges_parse() -> None:
+    assert parse_range("64-512") == (64, 512)
+    assert parse_range("128") == (128, 128)
+    assert parse_range(f"1-{MAX_LENGTH}") == (1, MAX_LENGTH)
