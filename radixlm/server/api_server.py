@@ -38,8 +38,8 @@ from radixlm.server.dashboard import dashboard_router
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
 from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
 from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary
-from radixlm.server.protocol import DetokenizeRequest, TokenizeRequest
-from radixlm.server.responses import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
+from radixlm.server.request_bodies import DetokenizeRequest, TokenizeRequest
+from radixlm.server.response_bodies import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from radixlm.server.serving import OpenAIServing
 from radixlm.server.tokenization import Tokenization
 from radixlm.server.tool_calling import check_tools

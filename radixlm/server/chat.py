@@ -21,8 +21,8 @@ from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_mess
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.errors import APIError
 from radixlm.server.logprobs import OpenAILogprobs
-from radixlm.server.protocol import ChatCompletionRequest
-from radixlm.server.responses import (
+from radixlm.server.request_bodies import ChatCompletionRequest
+from radixlm.server.response_bodies import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -42,6 +42,20 @@ class ChatCompletions(OpenAIServing):
     """The handler; `create` is the FastAPI endpoint."""
 
     async def create(self, body: ChatCompletionRequest, raw_request: Request) -> Response:
+        run = await self.start(body, raw_request)
+        formatter = OpenAILogprobs(run.info.tokenizer)
+        top_n = body.top_logprobs or 0
+        if body.stream:
+            chunks = self._chunks(run.request_id, body, run.stream, formatter, top_n, run.parsing)
+            return self.sse(chunks, run.stream)
+        results = await self.collect(raw_request, run.stream, num_prompts=1)
+        response = self._response(run.request_id, body, results[0], formatter, top_n, run.parsing)
+        return JSONResponse(response.model_dump(mode="json"))
+
+    async def start(self, body: ChatCompletionRequest, raw_request: Request, id_prefix: str = "chatcmpl") -> ChatRun:
+        """Check, template and admit one chat request; the caller reads `ChatRun.stream` (and must end it: `collect`
+        or `sse` do). The Responses and Messages APIs translate their bodies into a ChatCompletionRequest and
+        start it here, so every API shares one path to the engine."""
         info = self.ready_info()
         self.check_request(body, info)
         plan = await self._plan(body, info, raw_request)
@@ -49,16 +63,9 @@ class ChatCompletions(OpenAIServing):
         prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt, plan.tools,
                                             plan.template_kwargs)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
-        request_id = new_request_id("chatcmpl")
+        request_id = new_request_id(id_prefix)
         stream = await self.admit(request_id, [prompt_ids], params, body.engine_priority(), body.metadata)
-        formatter = OpenAILogprobs(info.tokenizer)
-        top_n = body.top_logprobs or 0
-        if body.stream:
-            chunks = self._chunks(request_id, body, stream, formatter, top_n, plan.parsing)
-            return self.sse(chunks, stream)
-        results = await self.collect(raw_request, stream, num_prompts=1)
-        response = self._response(request_id, body, results[0], formatter, top_n, plan.parsing)
-        return JSONResponse(response.model_dump(mode="json"))
+        return ChatRun(request_id, stream, plan.parsing, info, prompt_ids)
 
     async def _plan(self, body: ChatCompletionRequest, info: EngineInfo, raw_request: Request) -> _Plan:
         """How this request's tools, template variables and reasoning shape its prompt, grammar and parsing."""
@@ -146,6 +153,17 @@ class ChatCompletions(OpenAIServing):
             choices.append(ChatChunkChoice(index=sequence.index, delta=DeltaMessage(),
                                            finish_reason=parser.finish_reason(sequence.finish_reason)))
         return choices
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat request the engine has admitted: its id, its output stream, and how to read its text."""
+
+    request_id: str
+    stream: OutputStream
+    parsing: OutputParsing
+    info: EngineInfo
+    prompt_ids: list[int]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from radixlm.reasoning import ReasoningParser, ReasoningStream
-from radixlm.server.responses import (
+from radixlm.server.response_bodies import (
     AssistantMessage,
     DeltaFunctionCall,
     DeltaMessage,

@@ -15,7 +15,7 @@ from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.server.errors import APIError
-from radixlm.server.protocol import ChatMessage
+from radixlm.server.request_bodies import ChatMessage
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 MAX_TEMPLATE_KWARGS = 16

@@ -17,8 +17,8 @@ from radixlm.engine.async_engine import EngineInfo, OutputStream
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
 from radixlm.server.logprobs import OpenAILogprobs
-from radixlm.server.protocol import CompletionRequest
-from radixlm.server.responses import Completion, CompletionChoice, CompletionLogprobs
+from radixlm.server.request_bodies import CompletionRequest
+from radixlm.server.response_bodies import Completion, CompletionChoice, CompletionLogprobs
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
 
 

@@ -22,8 +22,8 @@ from radixlm.sampling_params import SamplingParams
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import chat_prompt_ids
 from radixlm.server.errors import APIError
-from radixlm.server.protocol import ChatMessage, SamplingRequest
-from radixlm.server.responses import Usage
+from radixlm.server.request_bodies import ChatMessage, SamplingRequest
+from radixlm.server.response_bodies import Usage
 from radixlm.server.tokenization import Tokenization
 from radixlm.structured.spec import GrammarSpec
 

@@ -3,7 +3,7 @@ and the scheduler's victim order (lowest priority, then latest arrival) honours 
 
 import pytest
 
-from radixlm.server.protocol import AGENT_LOOP_PRIORITY, ChatCompletionRequest
+from radixlm.server.request_bodies import AGENT_LOOP_PRIORITY, ChatCompletionRequest
 from unit.fake_engine import make_request, make_scheduler, step
 
 USER = {"role": "user", "content": "weather?"}

@@ -7,7 +7,7 @@ from tiny_models import build_tokenizer
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import chat_prompt_ids, check_template_kwargs, load_chat_template, shipped_templates
 from radixlm.server.errors import APIError
-from radixlm.server.protocol import ChatMessage
+from radixlm.server.request_bodies import ChatMessage
 
 # SmolLM2-Instruct's own chat template, as its tokenizer_config.json ships it.
 SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>"
