@@ -2,7 +2,7 @@
 
 `APIError` is raised by handlers; `install_error_handlers` routes FastAPI's own failures (validation, unknown
 routes, the body-size limit) through the same body, and `middleware.ErrorBoundary` turns bugs into a 500 with it.
-Malformed JSON is 422, any other invalid body 400. 429 and 503 carry `Retry-After` (seconds).
+Malformed JSON is a 400 (code `json_invalid`), as OpenAI and vLLM answer it; so is any other invalid body. 429 and 503 carry `Retry-After` (seconds).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class BodySizeLimit:
 def _validation_error(errors: list[dict[str, Any]]) -> APIError:
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = errors[0].get("ctx", {}).get("error", "")
-        return APIError(422, f"malformed JSON body: {detail}".rstrip(": "), code="json_invalid")
+        return APIError(400, f"malformed JSON body: {detail}".rstrip(": "), code="json_invalid")
     first = errors[0]
     location = _field_path([part for part in first.get("loc", ()) if part != "body"])
     param = ".".join(location) or None

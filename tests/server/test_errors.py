@@ -118,8 +118,9 @@ def test_bad_request_gets_openai_error(server, path_body, status, param, words):
 
 
 def test_transport_level_errors(server):
+    # Malformed JSON is a 400 (OpenAI and vLLM), not FastAPI's 422.
     check_error_body(server.http.post("/v1/chat/completions", content=b'{"messages": [', headers={
-        "Content-Type": "application/json"}), 422, None, ["JSON"])
+        "Content-Type": "application/json"}), 400, None, ["JSON"])
     big = json.dumps({**CHAT, "padding": "x" * 70000})
     check_error_body(server.http.post("/v1/chat/completions", content=big, headers={
         "Content-Type": "application/json"}), 413, None, [])
