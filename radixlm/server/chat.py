@@ -99,7 +99,8 @@ class ChatCompletions(OpenAIServing):
             grammar = (_spec(lambda: after_reasoning(constrained, opened_in_prompt), str(grammar[1])), grammar[1])
         forced_names = () if forced is None else tuple(f.name for f in functions if choice in ("required", f.name))
         return _Plan(body.tools if functions else None, template_kwargs, grammar,
-                     OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names))
+                     OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names,
+                                   named_choice=choice not in ("none", "auto", "required")))
 
     def _logprobs(self, body: ChatCompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   logprobs: list | None, top_n: int) -> ChatLogprobs | None:

@@ -26,12 +26,14 @@ from radixlm.tool_parsers import ToolCallDelta, ToolCallStream, ToolParser
 class OutputParsing:
     """How a request's output is read: `tool_parser` is None when calls are not parsed (no tools, or "none");
     `single_call` keeps only the first call (`parallel_tool_calls: false`); `forced_names` lists the functions the
-    grammar forces calls of (their calls stream argument fragments as they are generated)."""
+    grammar forces calls of (their calls stream argument fragments as they are generated); `named_choice`: the
+    request's tool_choice named one function."""
 
     reasoning: ReasoningParser | None = None
     tool_parser: ToolParser | None = None
     single_call: bool = False
     forced_names: tuple[str, ...] = ()
+    named_choice: bool = False
 
 
 def new_call_id() -> str:
@@ -60,8 +62,11 @@ class SequenceParser:
         return deltas
 
     def finish_reason(self, finish_reason: str | None) -> str | None:
-        """A reply that called tools and stopped by itself ends with "tool_calls", as OpenAI's do."""
-        return "tool_calls" if self.num_calls and finish_reason == "stop" else finish_reason
+        """A reply that called tools and stopped by itself ends with "tool_calls", as OpenAI's do; under a named
+        tool_choice OpenAI (and vLLM) say "stop"."""
+        if self.num_calls and finish_reason == "stop" and not self.parsing.named_choice:
+            return "tool_calls"
+        return finish_reason
 
     def _call_delta(self, delta: ToolCallDelta) -> DeltaToolCall:
         """A call's first delta carries its new id, type and name, as OpenAI streams a call."""

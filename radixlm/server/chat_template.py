@@ -6,6 +6,7 @@ Shipped templates live in `radixlm/templates/` and are named by their file stem 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -82,7 +83,9 @@ def _conversation_entry(i: int, message: ChatMessage) -> dict[str, Any]:
 
 
 def _template_tool_calls(i: int, tool_calls: Any) -> list[Any]:
-    """OpenAI sends arguments as JSON text; templates (as transformers and vLLM pass them) get the object."""
+    """OpenAI sends arguments as JSON text; templates (as transformers and vLLM pass them) get the object. Text
+    that is not JSON (a call cut off by max_tokens, sent back as the client got it) reaches the template as the
+    text itself, as vLLM lets it through: refusing it would end the client's conversation."""
     param = f"messages.{i}.tool_calls"
     if not isinstance(tool_calls, list):
         raise APIError(400, f"{param} must be a list", param=param)
@@ -92,13 +95,10 @@ def _template_tool_calls(i: int, tool_calls: Any) -> list[Any]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise APIError(400, f"{param}.{j} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
                                 f"\"arguments\"}}}}", param=f"{param}.{j}")
-        arguments = function.get("arguments", "{}")
+        arguments = function.get("arguments") or "{}"
         if isinstance(arguments, str):
-            try:
+            with contextlib.suppress(ValueError, RecursionError):
                 arguments = json.loads(arguments)
-            except (ValueError, RecursionError):
-                raise APIError(400, f"{param}.{j}.function.arguments is not valid JSON",
-                               param=f"{param}.{j}.function.arguments") from None
         calls.append(call | {"function": function | {"arguments": arguments}})
     return calls
 

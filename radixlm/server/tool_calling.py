@@ -81,9 +81,13 @@ def tool_call_grammar(parser: ToolParser, functions: list[FunctionTool], choice:
     chosen = functions if choice == "required" else [f for f in functions if f.name == choice]
     tags = [parser.call_tag(f.name, f.parameters) for f in chosen]
     single = choice != "required" or not parallel_tool_calls
+    calls = {"type": "tags_with_separator", "tags": tags, "separator": parser.separator, "at_least_one": True,
+             "stop_after_first": single}
+    # Models end a call's line: without room for that newline the grammar would read it as the separator and
+    # force a second call (and a third...) until max_tokens.
+    trailing_newline = {"type": "regex", "pattern": r"\n?"}
     return GrammarSpec.from_structural_tag({"type": "structural_tag", "format": {
-        "type": "tags_with_separator", "tags": tags, "separator": parser.separator, "at_least_one": True,
-        "stop_after_first": single}})
+        "type": "sequence", "elements": [calls, trailing_newline]}})
 
 
 def after_reasoning(spec: GrammarSpec, opened_in_prompt: bool) -> GrammarSpec:

@@ -1,4 +1,6 @@
-"""GrammarSpec: what a request's output must match, in a canonical, hashable form (the compile-cache key)."""
+"""GrammarSpec: what a request's output must match, in a compact, hashable form (the compile-cache key). JSON specs keep
+their key order: a schema's properties are generated in the order it lists them (chain-of-thought schemas put
+`reasoning` before `answer` on purpose), as OpenAI and vLLM generate them."""
 
 from __future__ import annotations
 
@@ -45,9 +47,9 @@ def _check_length(text: str, limit: int, name: str) -> str:
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """`kind` is one of GRAMMAR_KINDS; `text` is the schema as canonical JSON, the regex, the EBNF grammar, the
-    choices as a JSON list, or an xgrammar structural tag as canonical JSON (tool calls, text after reasoning).
-    Build it with the `from_*` helpers, which validate the input."""
+    """`kind` is one of GRAMMAR_KINDS; `text` is the schema as compact JSON in its own key order, the regex, the
+    EBNF grammar, the choices as a JSON list, or an xgrammar structural tag as compact JSON (tool calls, text after
+    reasoning). Build it with the `from_*` helpers, which validate the input."""
 
     kind: str
     text: str = ""
@@ -68,7 +70,7 @@ class GrammarSpec:
             _check_length(schema, MAX_SPEC_CHARS, "json_schema")
         schema = parse_json_object(schema, "json_schema")
         check_json_spec(schema, "json_schema")
-        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        text = json.dumps(schema, separators=(",", ":"))  # key order kept: properties are generated in it
         return cls("json_schema", _check_length(text, MAX_SPEC_CHARS, "json_schema"))
 
     @classmethod
@@ -99,7 +101,7 @@ class GrammarSpec:
         if not isinstance(tag, dict) or tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
             raise ValueError('structural_tag must be {"type": "structural_tag", "format": {...}}')
         check_json_spec(tag, "structural_tag")
-        text = json.dumps(tag, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        text = json.dumps(tag, separators=(",", ":"), ensure_ascii=False)
         return cls("structural_tag", _check_length(text, MAX_SPEC_CHARS, "structural_tag"))
 
     def as_format(self) -> dict[str, Any]:

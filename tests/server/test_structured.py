@@ -28,6 +28,22 @@ def test_json_schema_and_json_object(client, model):
             assert isinstance(json.loads(response.choices[0].message.content), dict)
 
 
+def test_json_schema_keys_come_in_the_schemas_order(client, model):
+    """Chain-of-thought schemas put `reasoning` first on purpose; the keys used to come out sorted."""
+    schema = {"type": "object", "properties": {"zeta": {"type": "string", "maxLength": 4},
+                                               "alpha": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    num_checked = 0
+    for seed in range(3):
+        response = client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {"name": "cot", "schema": schema}})
+        if response.choices[0].finish_reason == "stop":
+            assert list(json.loads(response.choices[0].message.content, strict=False)) == ["zeta", "alpha"]
+            num_checked += 1
+    assert num_checked
+
+
 @pytest.mark.parametrize("field", ["regex", "guided_regex"])
 def test_regex_on_completions_stream_and_not(client, model, field):
     pattern = r"[a-c]{2,4}-\d{3}"

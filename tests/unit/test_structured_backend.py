@@ -87,7 +87,9 @@ def test_compile_cache_compiles_each_spec_once_on_a_worker_thread(backend):
 
     cache = GrammarCompileCache(Recording())
     spec = GrammarSpec.from_json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
-    same = GrammarSpec.from_json_schema('{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+    same = GrammarSpec.from_json_schema('{"type": "object",\n "properties": {"x": {"type": "integer"}}}')  # spacing
+    reordered = GrammarSpec.from_json_schema('{"properties": {"x": {"type": "integer"}}, "type": "object"}')
+    assert reordered != spec  # key order is kept: properties are generated in it
     assert cache.submit(spec) is cache.submit(same)
     assert cache.compile(spec) is not None
     assert len(threads) == 1 and threads[0].startswith("radixlm-grammar")

@@ -33,6 +33,14 @@ def test_required_accepts_one_or_more_calls_in_the_parsers_format(backend, token
     assert not accepts(backend, tokenizer, spec, 'hi ' + MOVE)
 
 
+def test_a_call_may_end_its_line_and_stop(backend, tokenizer):
+    # The model's natural newline after </tool_call> used to be read as the separator, forcing another call.
+    for choice, parallel in (("required", True), ("required", False), ("move", True)):
+        spec = tool_call_grammar(get_tool_parser("hermes"), FUNCTIONS, choice, parallel_tool_calls=parallel)
+        assert accepts(backend, tokenizer, spec, MOVE + "\n"), choice
+        assert not accepts(backend, tokenizer, spec, MOVE + "\n\n"), choice
+
+
 def test_named_and_single_choices_allow_one_call(backend, tokenizer):
     named = tool_call_grammar(get_tool_parser("hermes"), FUNCTIONS, "stop", parallel_tool_calls=True)
     assert accepts(backend, tokenizer, named, STOP) and not accepts(backend, tokenizer, named, MOVE)
