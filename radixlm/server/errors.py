@@ -2,7 +2,8 @@
 
 `APIError` is raised by handlers; `install_error_handlers` routes FastAPI's own failures (validation, unknown
 routes, the body-size limit) through the same body, and `middleware.ErrorBoundary` turns bugs into a 500 with it.
-Malformed JSON is a 400 (code `json_invalid`), as OpenAI and vLLM answer it; so is any other invalid body. 429 and 503 carry `Retry-After` (seconds).
+Malformed JSON is a 400 (code `json_invalid`), as OpenAI and vLLM answer it; so is any other invalid body. 429
+and 503 carry `Retry-After` (seconds).
 """
 
 from __future__ import annotations
