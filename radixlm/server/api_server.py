@@ -1,10 +1,10 @@
 """The OpenAI-compatible HTTP server: an app factory (no module-global state) and `run_server` (uvicorn).
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize
-(all behind `--api-key` when set, checked before the body is read), GET/HEAD /health (503 until the engine is
-ready), GET /metrics (Prometheus). The server answers while the model loads; SIGINT/SIGTERM end every running
-request with an error, then exit. Tokenizer work runs on the app's tokenizer thread (`tokenization.py`), never on
-the event loop. Slow clients are bounded: headers within 10 s (`http_protocol.py`), the body within 60 s
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (and /v1/models/{id}), POST /tokenize,
+POST /detokenize (all behind `--api-key` when set, checked before the body is read), GET/HEAD /health (503 until
+the engine is ready), GET /metrics (Prometheus). The server answers while the model loads; SIGINT/SIGTERM end every
+running request with an error, then exit. Tokenizer work runs on the app's tokenizer thread (`tokenization.py`),
+never on the event loop. Slow clients are bounded: headers within 10 s (`http_protocol.py`), the body within 60 s
 (`middleware.py`), idle keep-alive connections close after 5 s (uvicorn); `ServerOptions` holds these.
 """
 
@@ -130,11 +130,19 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
                          methods=["POST"])
     created = int(time.time())
 
+    def card() -> ModelCard:
+        info = async_engine.info
+        return ModelCard(id=model_name, created=created, root=model_path,
+                         max_model_len=info.max_model_len if info else None)
+
     @router.get("/v1/models")
     async def models() -> ModelList:
-        info = async_engine.info
-        return ModelList(data=[ModelCard(id=model_name, created=created, root=model_path,
-                                         max_model_len=info.max_model_len if info else None)])
+        return ModelList(data=[card()])
+
+    @router.get("/v1/models/{model_id:path}")  # a served name may hold "/" (a directory's path)
+    async def model(model_id: str) -> ModelCard:
+        serving.check_model(model_id)
+        return card()
 
     @router.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:

@@ -46,7 +46,7 @@ class ChatCompletions(OpenAIServing):
         formatter = OpenAILogprobs(run.info.tokenizer)
         top_n = body.top_logprobs or 0
         if body.stream:
-            chunks = self._chunks(run.request_id, body, run.stream, formatter, top_n, run.parsing)
+            chunks = self._chunks(run, body, formatter, top_n)
             return self.sse(chunks, run.stream)
         results = await self.collect(raw_request, run.stream, num_prompts=1)
         response = self._response(run.request_id, body, results[0], formatter, top_n, run.parsing)
@@ -120,20 +120,21 @@ class ChatCompletions(OpenAIServing):
         return ChatCompletion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
                               usage=usage_of([result]))
 
-    async def _chunks(self, request_id: str, body: ChatCompletionRequest, stream: OutputStream,
-                      formatter: OpenAILogprobs, top_n: int, parsing: OutputParsing,
+    async def _chunks(self, run: ChatRun, body: ChatCompletionRequest, formatter: OpenAILogprobs, top_n: int,
                       ) -> AsyncIterator[ChatCompletionChunk]:
         created = int(time.time())
-        parsers = {index: SequenceParser(parsing) for index in range(body.n)}
+        parsers = {index: SequenceParser(run.parsing) for index in range(body.n)}
+        result = PromptResult(prompt_token_ids=run.prompt_ids)
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=request_id, created=created, model=self.model_name, choices=choices,
+            if usage is None and body.continuous_usage:
+                usage = usage_of([result])
+            return ChatCompletionChunk(id=run.request_id, created=created, model=self.model_name, choices=choices,
                                        usage=usage)
 
         for index in range(body.n):  # OpenAI opens every choice with the role
             yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])
-        result = PromptResult()
-        async for _, output in self.checked(stream):
+        async for _, output in self.checked(run.stream):
             result.update(output)
             for sequence in output.outputs:
                 for choice in self._sequence_choices(body, sequence, formatter, top_n, parsers[sequence.index]):

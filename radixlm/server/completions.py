@@ -1,14 +1,15 @@
 """POST /v1/completions: one engine request per prompt (each with n sequences) -> a response or SSE chunks.
 
 Choice `i * n + j` is sequence j of prompt i, as OpenAI numbers them. `echo` prepends the prompt text (and, with
-`logprobs`, the prompt's logprobs, the first position being null) to every choice.
+`logprobs`, the prompt's logprobs, the first position being null) to every choice; with `max_tokens: 0` that is all
+a choice holds (prompt scoring).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
@@ -35,6 +36,14 @@ def _merge(first: CompletionLogprobs, second: CompletionLogprobs) -> CompletionL
                               text_offset=first.text_offset + second.text_offset)
 
 
+def _without_generation(sequence: CompletionOutput) -> CompletionOutput:
+    """The sequence as a prompt-scoring request (`echo`, `max_tokens: 0`) reports it: the one token the engine
+    generated is dropped, and the choice ends with "length", as vLLM's does."""
+    return replace(sequence, text="", token_ids=[], delta_text="", delta_token_ids=[], logprobs=[],
+                   delta_logprobs=[], cumulative_logprob=None, stop_reason=None,
+                   finish_reason="length" if sequence.finished else None)
+
+
 class Completions(OpenAIServing):
     """The handler; `create` is the FastAPI endpoint."""
 
@@ -52,6 +61,9 @@ class Completions(OpenAIServing):
         if body.stream:
             return self.sse(self._chunks(request_id, body, prompts, stream, formatter), stream)
         results = await self.collect(raw_request, stream, num_prompts=len(prompts))
+        if body.scores_prompt_only():
+            for result in results:
+                result.sequences = {i: _without_generation(s) for i, s in result.sequences.items()}
         choices = [self._choice(body, prompt, result.prompt_logprobs, sequence, formatter)
                    for prompt, result in zip(prompts, results, strict=True)
                    for _, sequence in sorted(result.sequences.items())]
@@ -114,9 +126,11 @@ class Completions(OpenAIServing):
     async def _chunks(self, request_id: str, body: CompletionRequest, prompts: list[_Prompt],
                       stream: OutputStream, formatter: OpenAILogprobs) -> AsyncIterator[Completion]:
         created = int(time.time())
-        results = [PromptResult() for _ in prompts]
+        results = [PromptResult(prompt_token_ids=p.token_ids) for p in prompts]
         text_offsets: dict[int, int] = {}  # choice index -> characters sent so far
         async for prompt_index, output in self.checked(stream):
+            if body.scores_prompt_only():
+                output = replace(output, outputs=[_without_generation(s) for s in output.outputs])
             results[prompt_index].update(output)
             prompt = prompts[prompt_index]
             for sequence in output.outputs:
@@ -135,7 +149,8 @@ class Completions(OpenAIServing):
                     continue  # a token whose text is held back (part of a UTF-8 character): nothing to send yet
                 choice = CompletionChoice(index=choice_index, text=text, logprobs=logprobs,
                                           finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
-                yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice])
+                yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice],
+                                 usage=usage_of(results) if body.continuous_usage else None)
         if body.include_usage:
             yield Completion(id=request_id, created=created, model=self.model_name, choices=[],
                              usage=usage_of(results))

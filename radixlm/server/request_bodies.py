@@ -48,8 +48,12 @@ def _is_off(value: Any) -> bool:
 
 
 class StreamOptions(BaseModel):
+    """`include_usage` adds a last chunk with the usage; `continuous_usage_stats` (vLLM's) also puts the usage so
+    far on every chunk, when `include_usage` is set too (as vLLM reads it)."""
+
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class SamplingRequest(RequestBody):
@@ -133,6 +137,10 @@ class SamplingRequest(RequestBody):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 class ContentPart(BaseModel):
@@ -233,8 +241,15 @@ class CompletionRequest(SamplingRequest):
             return [self.prompt]  # type: ignore[list-item]
         return self.prompt  # type: ignore[return-value]
 
+    def scores_prompt_only(self) -> bool:
+        """`echo` with `max_tokens: 0` (prompt scoring, as OpenAI's legacy API and vLLM serve it): the prompt and
+        its logprobs come back and nothing is generated."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self, **overrides: Any) -> SamplingParams:
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        if self.scores_prompt_only():  # the engine always generates a token: the handler drops it
+            overrides = {"max_tokens": 1} | overrides
         return super().to_sampling_params(logprobs=self.logprobs, prompt_logprobs=prompt_logprobs, **overrides)
 
 

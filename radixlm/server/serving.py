@@ -172,15 +172,18 @@ class OpenAIServing:
 
     @staticmethod
     def check_length(prompt_ids: list[int], max_tokens: int | None, info: EngineInfo, param: str) -> None:
-        context = info.max_model_len
-        if len(prompt_ids) >= context:
-            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens but this model's context is {context} "
-                                f"tokens (max_model_len), leaving no room to generate", param=param,
-                           code="context_length_exceeded")
-        if max_tokens is not None and len(prompt_ids) + max_tokens > context:
-            raise APIError(400, f"this model's context is {context} tokens, but the request asks for "
-                                f"{len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to "
-                                f"generate)", param="max_tokens", code="context_length_exceeded")
+        """400 `context_length_exceeded` in OpenAI's words ("This model's maximum context length is ..."), which
+        clients match on (litellm's ContextWindowExceededError and its fallbacks)."""
+        context, num_prompt = info.max_model_len, len(prompt_ids)
+        if num_prompt >= context:
+            raise APIError(400, f"This model's maximum context length is {context} tokens. However, your {param} "
+                                f"resulted in {num_prompt} tokens, leaving no room to generate. Please reduce the "
+                                f"length of the {param}.", param=param, code="context_length_exceeded")
+        if max_tokens is not None and num_prompt + max_tokens > context:
+            raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                                f"{num_prompt + max_tokens} tokens ({num_prompt} in the {param}, {max_tokens} in the "
+                                f"completion). Please reduce the length of the {param} or completion.",
+                           param="max_tokens", code="context_length_exceeded")
 
     # -- running -----------------------------------------------------------------------------------------------
     async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams,

@@ -56,9 +56,10 @@ class Tokenization:
             self._max_chars[key] = await self.run(max_token_chars, tokenizer)
         limit = max_model_len * self._max_chars[key]
         if num_chars > limit:
-            raise APIError(400, f"{param} has {num_chars} characters, more than this model's context of "
-                                f"{max_model_len} tokens can hold (at most {limit} characters); it was not "
-                                f"tokenized", param=param, code="context_length_exceeded")
+            raise APIError(400, f"This model's maximum context length is {max_model_len} tokens. However, {param} "
+                                f"has {num_chars} characters, more than that many tokens can hold (at most {limit} "
+                                f"characters); it was not tokenized. Please reduce the length of {param}.",
+                           param=param, code="context_length_exceeded")
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import openai
 import pytest
 
 from radixlm.engine.llm import LLM
@@ -28,6 +29,11 @@ def stream_chat(client, **kwargs):
 def test_models_lists_the_served_model(client, tiny_model_dir):
     models = client.models.list().data
     assert [m.id for m in models] == [str(tiny_model_dir("llama"))]
+    # models.retrieve (a name holding "/" too), and an unknown one: 404 in OpenAI's shape
+    assert client.models.retrieve(models[0].id).id == models[0].id
+    with pytest.raises(openai.NotFoundError) as error:
+        client.models.retrieve("no-such-model")
+    assert error.value.body["code"] == "model_not_found"
 
 
 def test_chat_equals_offline_engine_and_stream(client, model, tiny_model_dir):
@@ -128,6 +134,26 @@ def test_completion_logprobs_with_echo(tiny_server, client, model):
         "a prompt in the prefix cache must still get its prompt logprobs"
 
 
+def test_prompt_scoring_with_echo_and_max_tokens_0(tiny_server, client, model):
+    """lm-eval's and OpenAI's legacy prompt scoring: the prompt's logprobs, nothing generated (was a 400)."""
+    prompt = "the quick brown"
+    num_prompt_tokens = len(tokenize(tiny_server, prompt))
+    scored = client.completions.create(model=model, prompt=[prompt, "fox"], echo=True, logprobs=1, max_tokens=0)
+    full = client.completions.create(model=model, prompt=prompt, echo=True, logprobs=1, **GREEDY).choices[0]
+    choice = scored.choices[0]
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == num_prompt_tokens and choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs == pytest.approx(full.logprobs.token_logprobs[:num_prompt_tokens],
+                                                           abs=1e-4)
+    assert scored.choices[1].text == "fox" and scored.usage.completion_tokens == 0
+    chunks = list(client.completions.create(model=model, prompt=prompt, echo=True, logprobs=1, max_tokens=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == prompt
+    assert chunks[-1].usage.completion_tokens == 0
+    no_echo = tiny_server.http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0})
+    assert no_echo.status_code == 400 and no_echo.json()["error"]["param"] == "max_tokens"
+
+
 def test_stop_strings(client, model):
     full = client.completions.create(model=model, prompt="the lazy", temperature=0, max_tokens=24,
                                      extra_body={"ignore_eos": True}).choices[0].text
@@ -153,6 +179,22 @@ def test_include_usage_and_cached_tokens(client, model):
     assert last.usage.completion_tokens == first.usage.completion_tokens
     assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
     assert last.usage.prompt_tokens_details.cached_tokens >= last.usage.prompt_tokens - 4  # the repeat hits the cache
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, model):
+    """vLLM's stream_options.continuous_usage_stats (was accepted and ignored)."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    fields = dict(model=model, stream=True, stream_options=options, max_tokens=6, temperature=0,
+                  extra_body={"ignore_eos": True})
+    for chunks in (list(client.chat.completions.create(messages=MESSAGES, **fields)),
+                   list(client.completions.create(prompt="the quick brown", **fields))):
+        assert all(c.usage is not None for c in chunks)
+        completion_tokens = [c.usage.completion_tokens for c in chunks]
+        assert completion_tokens == sorted(completion_tokens) and completion_tokens[-1] == 6
+        assert len({c.usage.prompt_tokens for c in chunks}) == 1 and chunks[0].usage.prompt_tokens > 0
+    plain = list(client.completions.create(prompt="the quick brown", **(fields | {"stream_options": {
+        "continuous_usage_stats": True}})))
+    assert all(c.usage is None for c in plain)  # as vLLM: only together with include_usage
 
 
 def test_metrics_counters_move(tiny_server, client, model):
