@@ -13,15 +13,17 @@ if TYPE_CHECKING:
     from radixlm.engine.llm import LLM
     from radixlm.engine.llm_engine import LLMEngine
     from radixlm.engine.outputs import CompletionOutput, RequestOutput
+    from radixlm.pooling_params import PoolingParams
     from radixlm.sampling_params import SamplingParams
 
 _EXPORTS = {"LLM": "radixlm.engine.llm", "LLMEngine": "radixlm.engine.llm_engine",
             "CompletionOutput": "radixlm.engine.outputs", "RequestOutput": "radixlm.engine.outputs",
-            "SamplingParams": "radixlm.sampling_params", "CacheConfig": "radixlm.config",
+            "SamplingParams": "radixlm.sampling_params", "PoolingParams": "radixlm.pooling_params",
+            "CacheConfig": "radixlm.config",
             "EngineConfig": "radixlm.config", "ModelConfig": "radixlm.config", "SchedulerConfig": "radixlm.config"}
 
-__all__ = ["LLM", "CacheConfig", "CompletionOutput", "EngineConfig", "LLMEngine", "ModelConfig", "RequestOutput",
-           "SamplingParams", "SchedulerConfig"]
+__all__ = ["LLM", "CacheConfig", "CompletionOutput", "EngineConfig", "LLMEngine", "ModelConfig", "PoolingParams",
+           "RequestOutput", "SamplingParams", "SchedulerConfig"]
 __version__ = "0.1.0"
 
 

@@ -20,6 +20,7 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf", "q4_0", "q4_1", "q8_0")
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+POOLING_TYPES: tuple[str, ...] = ("last", "mean")
 MAX_SPECULATIVE_TOKENS = 16
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
@@ -81,8 +82,14 @@ class ModelConfig:
         "where the model worker runs: uni (in the engine's process) or mp (a child process fed pickled steps)"))
     device: str = field(default="auto", metadata=_help(
         "where weights, KV cache and step tensors live: cpu, cuda, or auto (cuda when available)"))
+    pooling: str = field(default="last", metadata=_help(
+        "how /v1/embeddings and LLM.embed pool the final hidden states (after the final norm) of a prompt before "
+        "L2-normalizing them: last (the last token's state, as vLLM does for decoder-only models) or mean (the "
+        "mean over every prompt token; such requests skip the prefix cache)"))
 
     def __post_init__(self) -> None:
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(f"pooling must be one of {POOLING_TYPES}, got {self.pooling!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.distributed_executor_backend not in EXECUTOR_BACKENDS:

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -85,15 +86,18 @@ class RequestTimes:
 
 
 class Request:
-    """One generated sequence. The scheduler and KV cache manager own its progress fields and block table."""
+    """One generated sequence, or one pooled prompt (`pooling_params` set: an embedding request, which computes
+    its prompt and samples nothing). The scheduler and KV cache manager own its progress fields and block table."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_order: int = 0, priority: int = 0,
-                 arrival_time: float | None = None, sampling_seed: int = 0) -> None:
+                 arrival_time: float | None = None, sampling_seed: int = 0,
+                 pooling_params: PoolingParams | None = None) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
         self.request_id = request_id
         self.sampling_params = sampling_params
+        self.pooling_params = pooling_params
         self.eos_token_ids = eos_token_ids
         self.arrival_order = arrival_order
         self.priority = priority

@@ -22,11 +22,21 @@ class InFlightPrefill:
     end: int
 
 
+def reuses_prefix_cache(request: Request) -> bool:
+    """May `request` start from its cached prefix? Cached positions have K/V but no logits and no hidden states,
+    so a request that needs those of every prompt position computes its whole prompt: prompt logprobs until its
+    first token (as vLLM does), and mean pooling."""
+    if request.pooling_params is not None:
+        return not request.pooling_params.needs_every_position
+    return request.sampling_params.prompt_logprobs is None or request.num_output_tokens > 0
+
+
 def order_by_cached_prefix(waiting: list[Request], kv_cache_manager: KVCacheManager) -> list[Request]:
-    """Longest cached prefix first (SGLang's `lpm`), after the preempted requests, which keep their place at the
-    front; ties keep their current (first come, first served) order."""
-    return sorted(waiting, key=lambda request: (request.num_preemptions == 0,
-                                                -kv_cache_manager.cached_prefix_length(request)))
+    """Longest usable cached prefix first (SGLang's `lpm`), after the preempted requests, which keep their place
+    at the front; ties keep their current (first come, first served) order."""
+    return sorted(waiting, key=lambda request: (
+        request.num_preemptions == 0,
+        -kv_cache_manager.cached_prefix_length(request) if reuses_prefix_cache(request) else 0))
 
 
 def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: list[InFlightPrefill]) -> bool:

@@ -14,7 +14,12 @@ from collections.abc import Mapping, Sequence
 
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.prefix_policy import InFlightPrefill, duplicates_in_flight_prefill, order_by_cached_prefix
+from radixlm.core.prefix_policy import (
+    InFlightPrefill,
+    duplicates_in_flight_prefill,
+    order_by_cached_prefix,
+    reuses_prefix_cache,
+)
 from radixlm.core.request_queue import PriorityWaitingQueue, WaitingQueue
 from radixlm.core.step import ForkedRequest, NewRequestData, ScheduledChunk, SchedulerOutput
 from radixlm.core.token_stops import check_token_stop, drafts_within_limits
@@ -55,10 +60,11 @@ class Scheduler:
         held elsewhere before they queue (waiting for a grammar) count against `max_queued_requests`."""
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
-        if request.num_tokens >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {request.num_tokens} tokens but the context is {self.max_model_len} tokens "
-                f"(max_model_len, capped by the KV cache capacity), leaving no room to generate")
+        pools = request.pooling_params is not None  # it generates nothing: its prompt may fill the context
+        if request.num_tokens + (0 if pools else 1) > self.max_model_len:
+            room = "" if pools else ", leaving no room to generate"
+            raise ValueError(f"prompt has {request.num_tokens} tokens but the context is {self.max_model_len} "
+                             f"tokens (max_model_len, capped by the KV cache capacity){room}")
         min_tokens = request.sampling_params.min_tokens
         if request.num_tokens + min_tokens > self.max_model_len:
             raise ValueError(
@@ -162,9 +168,7 @@ class Scheduler:
             if budget == 0 or (freed := self._make_seats(request, scheduled, output)) is None:
                 break
             budget += freed
-            # Prompt logprobs need the logits of every prompt position: until its first token such a request
-            # computes its whole prompt (as vLLM does), since cached positions have no logits.
-            reuse_cache = request.sampling_params.prompt_logprobs is None or request.num_output_tokens > 0
+            reuse_cache = reuses_prefix_cache(request)  # not with prompt logprobs or mean pooling
             match = kv.match_prefix(request) if reuse_cache else None
             num_cached = match.num_tokens if match else 0
             if reuse_cache and in_flight and kv.radix_cache is not None and \
@@ -245,13 +249,15 @@ class Scheduler:
         start = request.num_computed_tokens
         token_ids = request.all_token_ids[start:start + num_new]
         num_sampled = 0
-        if start + num_new >= request.num_tokens:
+        reaches_end = start + num_new >= request.num_tokens
+        if reaches_end and request.pooling_params is None:
             drafts = drafts_within_limits(request, self.max_model_len)[:start + num_new - request.num_tokens]
             token_ids += drafts
             num_sampled = 1 + len(drafts)
         new_block_ids = request.block_table[request.num_blocks_sent:]
         request.num_blocks_sent = len(request.block_table)
-        return ScheduledChunk(request.request_id, token_ids, start, new_block_ids, num_sampled)
+        return ScheduledChunk(request.request_id, token_ids, start, new_block_ids, num_sampled,
+                              pools=reaches_end and request.pooling_params is not None)
 
     def update_from_output(self, output: SchedulerOutput,
                            sampled_token_ids: Mapping[str, Sequence[int]]) -> list[tuple[Request, int]]:
@@ -260,8 +266,10 @@ class Scheduler:
         `sampled_token_ids[request_id]`: the tokens a sampling request (or forked child) of `output` receives: one,
         or its accepted drafts and one more; a request missing there (it failed) gets none. Rejected drafts are
         not computed: the request's progress stops after the last accepted one and its block table is trimmed,
-        so the radix tree only ever sees final tokens. Returns each request that received tokens with how many
-        it kept (a token-level stop drops those after it); finished ones included, already freed.
+        so the radix tree only ever sees final tokens. A pooling request whose chunk `pools` has its prompt
+        computed: it finishes (stop) with no token. Returns each request that received tokens with how many it
+        kept (a token-level stop drops those after it), and each pooling request that finished with 0; finished
+        ones included, already freed.
         """
         now = time.monotonic()
         updated: list[tuple[Request, int]] = []
@@ -275,6 +283,10 @@ class Scheduler:
             num_rejected = chunk.num_draft_tokens - max(0, len(token_ids) - 1) if token_ids else 0
             request.num_computed_tokens += chunk.num_tokens - num_rejected
             request.draft_token_ids = []
+            if chunk.pools:  # its whole prompt is computed: the worker returned its vector, and it samples nothing
+                self.finish_request(request, RequestStatus.FINISHED_STOPPED)
+                updated.append((request, 0))
+                continue
             if token_ids:  # before caching: accepted drafts are computed tokens the tree needs to know
                 updated.append((request, self.append_tokens(request, token_ids, now)))
             if request.is_finished:

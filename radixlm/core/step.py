@@ -10,7 +10,9 @@ failed, preempted) are named once and forgotten. So a running decode costs a few
 Token progress (see `radixlm/request.py`): a chunk computes positions `start_position .. context_len - 1`. When it
 reaches the end of the request's tokens it samples: `num_sampled` rows, the last ones of the chunk. With draft
 tokens (speculative decoding) the chunk ends with `num_sampled - 1` drafts; row j verifies draft j, and the worker
-returns the drafts it accepted followed by one token of its own.
+returns the drafts it accepted followed by one token of its own. A pooling request (an embedding, `PoolingParams`)
+never samples: the chunk that reaches the end of its prompt `pools`, and the worker returns the request's vector
+instead of a token (`ModelRunnerOutput.embeddings`); the scheduler then finishes it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request
 
 
@@ -26,13 +29,15 @@ class ScheduledChunk:
     """The tokens of one request whose K/V this step computes (`token_ids`, drafts included, at positions
     `start_position ..`); `new_block_ids` extend the worker's block table of the request (its whole table when the
     request is new to the worker); the logits of the last `num_sampled` positions are sampled (0: a prefill chunk
-    that does not reach the end of the prompt)."""
+    that does not reach the end of the prompt, or any chunk of a pooling request). `pools`: the chunk completes a
+    pooling request's prompt, so the worker returns its pooled vector."""
 
     request_id: str
     token_ids: list[int]
     start_position: int
     new_block_ids: list[int]
     num_sampled: int
+    pools: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -55,7 +60,7 @@ class ScheduledChunk:
 class NewRequestData:
     """Everything the worker keeps about a request, sent on its first schedule (and again after a preemption):
     its tokens so far, its sampling parameters as `SamplingParams.to_dict()`, its random stream's seed and the
-    token ids that end it (min_tokens bans them)."""
+    token ids that end it (min_tokens bans them); the pooling parameters of an embedding request (None otherwise)."""
 
     request_id: str
     token_ids: list[int]
@@ -63,11 +68,13 @@ class NewRequestData:
     sampling_params: dict[str, Any]
     sampling_seed: int
     eos_token_ids: list[int]
+    pooling_params: PoolingParams | None = None
 
     @classmethod
     def of(cls, request: Request) -> NewRequestData:
         return cls(request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
-                   request.sampling_params.to_dict(), request.sampling_seed, sorted(request.eos_token_ids))
+                   request.sampling_params.to_dict(), request.sampling_seed, sorted(request.eos_token_ids),
+                   request.pooling_params)
 
 
 @dataclass(slots=True)
@@ -124,6 +131,11 @@ class SchedulerOutput:
         then the forked children."""
         return [chunk.request_id for chunk in self.chunks if chunk.samples] + [fork.child_id for fork in self.forks]
 
+    @property
+    def pooling_request_ids(self) -> list[str]:
+        """The pooling requests whose prompt this step completes: each gets its vector, then finishes."""
+        return [chunk.request_id for chunk in self.chunks if chunk.pools]
+
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
@@ -141,13 +153,16 @@ class TokenLogprobs:
 class ModelRunnerOutput:
     """What one step produced. Per request of `SchedulerOutput.sampling_request_ids` (same order): its new tokens
     (one, or the accepted drafts and one more) and their logprobs (None unless asked); the prompt logprobs of the
-    positions asked for; and the exception of each request whose own work failed (sampling, prompt logprobs): that
-    request fails alone, its tokens are not used."""
+    positions asked for; the vector of each request of `SchedulerOutput.pooling_request_ids` (its pooled final
+    hidden states, L2-normalized, as plain floats so that it pickles small and framework-free); and the exception
+    of each request whose own work failed (sampling, prompt logprobs, pooling): that request fails alone, its
+    tokens are not used."""
 
     request_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    embeddings: dict[str, list[float]] = field(default_factory=dict)  # request id -> its vector
     errors: dict[str, tuple[str, BaseException]] = field(default_factory=dict)  # id -> (phase, exception)
 
     def tokens_by_request(self) -> dict[str, list[int]]:

@@ -29,6 +29,7 @@ from radixlm.distributed.router import CacheAwareRouter, RouterConfig
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, OutputStream, group_request_ids
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.metrics import EngineMetrics, MergedMetrics
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class DataParallelEngine:
                 return replica.failure
         return None
 
-    async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams,
+    async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams | PoolingParams,
                        priority: int = 0, arrival_time: float | None = None,
                        metadata: dict[str, str] | None = None) -> OutputStream:
         """Route the group, then admit it on its replica (same contract as `AsyncEngine.generate`)."""

@@ -21,6 +21,7 @@ from radixlm.distributed.data_parallel import replica_engine_options
 from radixlm.distributed.router import CacheAwareRouter
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.engine.outputs import RequestOutput
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
 
@@ -50,14 +51,14 @@ class DataParallelLLMEngine:
     def config(self) -> Any:
         return self.engines[0].config
 
-    def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
-                     arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
+    def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]],
+                     priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
                      on_finish: Callable[[RequestOutput], object] | None = None) -> None:
         """Route each (request_id, prompt, params) and add it to its replica; if one replica refuses, the requests
         already added elsewhere are aborted before the error propagates."""
         if self._steps:
             raise RuntimeError("requests can only be added while no step is running")
-        by_replica: dict[int, list[tuple[str, str | Seq[int], SamplingParams | None]]] = {}
+        by_replica: dict[int, list[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]]] = {}
         for request in requests:
             prompt = request[1]
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt

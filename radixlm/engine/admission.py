@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.config import EngineConfig
 from radixlm.engine.parent_request import ParentRequest, RequestState
 from radixlm.engine.text_stream import TextStream
+from radixlm.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from radixlm.request import Request, child_request_id
 from radixlm.sample.rng import mix_seed
 from radixlm.sampling_params import SamplingParams
@@ -49,6 +50,7 @@ class Admission:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.engine_seed = config.model.seed
+        self.pooling_type = config.model.pooling  # what a PoolingParams without a pooling type gets
         self.max_sequences_per_request = min(config.scheduler.max_sequences_per_request,
                                              config.scheduler.max_num_seqs)
         self._arrival_counter = itertools.count()
@@ -78,11 +80,14 @@ class Admission:
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
         return token_ids
 
-    def build_parent(self, request_id: str, prompt: str | Seq[int], params: SamplingParams, priority: int,
-                    arrival_time: float | None) -> ParentRequest:
+    def build_parent(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | PoolingParams,
+                     priority: int, arrival_time: float | None) -> ParentRequest:
         """The parent of a checked request: one core Request per sequence (its child requests), each with its own
         random stream (`seed + index`; an unseeded request's seed is mixed from the engine seed and its arrival
-        number)."""
+        number). PoolingParams: one request that pools its prompt (the engine's pooling type unless given)."""
+        if isinstance(params, PoolingParams):
+            return self._pooling_parent(request_id, prompt, params.resolved(self.pooling_type), priority,
+                                        arrival_time)
         prompt_token_ids = self.tokenize(prompt)
         arrival_order = next(self._arrival_counter)
         seed = params.seed if params.seed is not None else mix_seed(self.engine_seed, arrival_order)
@@ -96,3 +101,14 @@ class Admission:
         return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
                              children, unforked=children[1:],
                              prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+
+    def _pooling_parent(self, request_id: str, prompt: str | Seq[int], params: PoolingParams, priority: int,
+                        arrival_time: float | None) -> ParentRequest:
+        """An embedding request: one core Request that pools its prompt; no text, no random stream."""
+        prompt_token_ids = self.tokenize(prompt)
+        request = Request(request_id, prompt_token_ids, POOLING_SAMPLING_PARAMS, eos_token_ids=self.eos_token_ids,
+                          arrival_order=next(self._arrival_counter), priority=priority, arrival_time=arrival_time,
+                          pooling_params=params)
+        state = RequestState(0, request, TextStream(self.tokenizer, prompt_token_ids, POOLING_SAMPLING_PARAMS), None)
+        return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids,
+                             POOLING_SAMPLING_PARAMS, [state], unforked=[])

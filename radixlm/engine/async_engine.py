@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.outputs import RequestOutput
 from radixlm.metrics import EngineMetrics, SchedulerStats
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs
 
@@ -52,6 +53,7 @@ class EngineInfo:
     schedule_policy: str
     prompts_per_request_limit: tuple[int, str]  # (most prompts in one request, the flag that sets it)
     structured: StructuredOutputs  # thread-safe: the server compiles grammars through it before admission
+    hidden_size: int = 0  # the length of an embedding
 
 
 def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
@@ -123,7 +125,7 @@ class OutputStream:
 @dataclass
 class _Admission:
     prompts: list[list[int]]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     priority: int
     arrival_time: float
     stream: OutputStream
@@ -173,11 +175,11 @@ class AsyncEngine:
             return self._unavailable_reason
         return "the model is loading" if self.info is None else None
 
-    async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams,
+    async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams | PoolingParams,
                        priority: int = 0, arrival_time: float | None = None,
                        metadata: dict[str, str] | None = None) -> OutputStream:
         """Admit one request per prompt (ids `request_id` or `request_id-i`), with the client's `metadata` (kept
-        on the outputs and in the trace); see the module docstring."""
+        on the outputs and in the trace); PoolingParams: embedding requests. See the module docstring."""
         assert self._loop is not None, "start() first"
         stream = OutputStream(self, group_request_ids(request_id, len(prompts)))
         done: asyncio.Future[None] = self._loop.create_future()
@@ -218,7 +220,7 @@ class AsyncEngine:
                                    vocab_size=engine.worker_info.vocab_size,
                                    schedule_policy=engine.config.scheduler.schedule_policy,
                                    prompts_per_request_limit=engine.config.scheduler.prompts_per_request_limit,
-                                   structured=engine.structured)
+                                   structured=engine.structured, hidden_size=engine.worker_info.hidden_size)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
             while self._run_once(engine):

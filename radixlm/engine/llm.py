@@ -10,6 +10,7 @@ from tqdm import tqdm
 from radixlm.config import EngineConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.engine.outputs import CompletionOutput, RequestOutput
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -63,6 +64,24 @@ class LLM:
                                  on_finish=on_finish)
         return self._run(request_ids, use_tqdm)
 
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True) -> list[list[float]]:
+        """vLLM's `LLM.embed`: one vector per prompt (text or token ids), in the order of `prompts`: the model's
+        final hidden states (after the final norm) pooled by `pooling_params.pooling_type` (default: the engine's
+        `pooling` option, "last" or "mean"), L2-normalized. The prompts are batched through the scheduler with
+        everything else. Raises RuntimeError naming the first prompt that failed."""
+        prompt_list = _as_prompt_list(prompts)
+        params = pooling_params or PoolingParams()
+        request_ids = [str(self._next_id + i) for i in range(len(prompt_list))]
+        self._next_id += len(prompt_list)
+        self.engine.add_requests([(request_id, prompt, params)
+                                  for request_id, prompt in zip(request_ids, prompt_list, strict=True)])
+        outputs = self._run(request_ids, use_tqdm, desc="embedding")
+        for index, output in enumerate(outputs):
+            if output.error is not None or output.embedding is None:
+                raise RuntimeError(f"embedding prompt {index} failed: {output.error or 'no vector came back'}")
+        return [output.embedding for output in outputs]  # type: ignore[misc]
+
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
@@ -76,12 +95,12 @@ class LLM:
                                                   add_generation_prompt=add_generation_prompt)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool, desc: str = "generating") -> list[RequestOutput]:
         """Step until done; each final output holds every sequence (a step's output only holds those that
         changed, so the latest state of each index is kept along the way)."""
         latest: dict[str, dict[int, CompletionOutput]] = {request_id: {} for request_id in request_ids}
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(request_ids), desc="generating", unit="req", disable=not use_tqdm) as progress:
+        with tqdm(total=len(request_ids), desc=desc, unit="req", disable=not use_tqdm) as progress:
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
                     sequences = latest.get(output.request_id)

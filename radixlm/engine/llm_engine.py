@@ -11,7 +11,8 @@ the output processor turns the new tokens into text, stop strings, logprobs and 
 A user's request is a `ParentRequest` (`engine/parent_request.py`); each of its n sequences is one core `Request`
 (a child request). With n > 1 (or best_of) child 0 computes the prompt, and in the step where it samples its first
 token the others are forked from it: they share its prompt blocks and each draws its own first token from the same
-logits row, with its own stream.
+logits row, with its own stream. An embedding request (`PoolingParams` instead of `SamplingParams`) is one core
+request that computes its prompt like any prefill and finishes with its pooled vector, generating nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from radixlm.engine.output_processor import OutputProcessor, TokenEvent
 from radixlm.engine.outputs import RequestOutput
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
+from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.spec.drafter import NgramDrafter
@@ -88,18 +90,21 @@ class LLMEngine:
         return self.worker.runner
 
     # -- requests ----------------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
                     on_finish: Callable[[RequestOutput], object] | None = None) -> Request:
-        """Tokenize and queue a request (all its sequences); raises ValueError for one that can never run.
+        """Tokenize and queue a request (all its sequences; PoolingParams: an embedding request); raises
+        ValueError for one that can never run.
 
         `metadata` is the caller's, returned on every output of the request. `on_finish(final_output)` runs once,
         on the engine's thread, when the request ends in any terminal state (finished, aborted, failed); an
         exception it raises is logged and harms nothing. Returns the scheduler request of its first sequence.
         """
         params = params or SamplingParams()
-        self.admission.check_params(params)
-        ids = [child_request_id(request_id, i) for i in range(params.num_sequences)]
+        pools = isinstance(params, PoolingParams)
+        if not pools:
+            self.admission.check_params(params)
+        ids = [child_request_id(request_id, i) for i in range(1 if pools else params.num_sequences)]
         book = self.output_processor
         taken = [i for i in [request_id, *ids] if i in book.parents or i in book.states]
         if taken:
@@ -108,7 +113,7 @@ class LLMEngine:
         parent.metadata, parent.on_finish = dict(metadata) if metadata else None, on_finish
         first = parent.first.request
         self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
-        queued = params.structured_outputs is None or self.grammars.submit(parent)
+        queued = pools or params.structured_outputs is None or self.grammars.submit(parent)
         if queued:
             self.scheduler.add_request(first)
         if self.tracer is not None:
@@ -116,8 +121,8 @@ class LLMEngine:
         book.add(parent)
         return first
 
-    def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | None]], priority: int = 0,
-                     arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
+    def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]],
+                     priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
                      on_finish: Callable[[RequestOutput], object] | None = None) -> None:
         """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
         are aborted before the error propagates."""
@@ -224,6 +229,7 @@ class LLMEngine:
         for request_id, (phase, error) in result.errors.items():
             book.fail_request(request_id, error, phase, failed)
         book.record_prompt_logprobs(scheduler_output.prompt_logprob_positions, result.prompt_logprobs, failed)
+        book.record_embeddings(scheduler_output.pooling_request_ids, result.embeddings, failed)
         token_ids = result.tokens_by_request()
         if self.drafter is not None:
             self.drafter.record(scheduler_output, token_ids)
@@ -231,7 +237,9 @@ class LLMEngine:
         logprobs = dict(zip(result.request_ids, result.logprobs, strict=True))
         events = []
         for request, num_new in updated:
-            if request.request_id in book.states:
+            if request.request_id in book.states and request.pooling_params is not None:
+                events.append(TokenEvent(request, [], None))  # finished with its vector, no token
+            elif request.request_id in book.states:
                 num_outputs = request.num_output_tokens
                 if not book.guarded([book.parent_of(request.request_id)], "the grammar", failed,
                                      self._accept_grammar, request, num_new):

@@ -119,6 +119,19 @@ class OutputProcessor:
                 self.guarded([parent], "prompt logprobs", failed, record_prompt_logprobs, parent,
                              entries[request_id], self.logprob_formatter)
 
+    def record_embeddings(self, pooling_request_ids: list[str], embeddings: dict[str, list[float]],
+                          failed: list[RequestOutput]) -> None:
+        """Keep the vector of each pooling request whose prompt completed this step (`embeddings[request_id]`); one
+        the worker returned none for, without an error of its own, fails (before the scheduler finishes it)."""
+        for request_id in pooling_request_ids:
+            if request_id not in self.states:
+                continue  # failed in this step already
+            parent = self.parent_of(request_id)
+            if request_id in embeddings:
+                parent.embedding = embeddings[request_id]
+            else:
+                self.fail(parent, RuntimeError("the worker returned no embedding"), "pooling", failed)
+
     def record_tokens(self, events: list[TokenEvent], failed: list[RequestOutput]) -> list[ParentRequest]:
         """Text, stop strings and logprobs of every new token; returns the parents with news."""
         touched: dict[str, ParentRequest] = {}

@@ -6,6 +6,8 @@ Contract (shared by the offline API and the server):
   cumulative `text` / `token_ids` / `logprobs` and the `delta_*` part added by this step.
 - `RequestOutput.finished` is true once every sequence of the request has finished; the offline API collects
   the final state of every index.
+- An embedding request (`PoolingParams`) has one output, when its prompt is computed: finished, sequence 0 with no
+  token and finish_reason "stop", and `RequestOutput.embedding` its L2-normalized vector.
 - A request that failed (an exception that belongs to it: its sampling row, grammar, text, callback, or the forward
   of its batch) is finished with `finish_reason="error"` on its sequences and the message in `RequestOutput.error`;
   the server answers 500 (or an SSE error event, then `[DONE]`) with that message. Other requests go on.
@@ -73,3 +75,4 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # first position None, as in vLLM
     error: str | None = None  # why the request failed (its sequences finish with "error"); None otherwise
     metadata: dict[str, Any] | None = None  # what the caller attached to the request (`add_request(metadata=...)`)
+    embedding: list[float] | None = None  # an embedding request's vector (on its finished output); None otherwise

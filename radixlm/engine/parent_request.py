@@ -88,6 +88,7 @@ class ParentRequest:
     error: str | None = None  # why the request failed (its sequences finished with "error")
     metadata: dict[str, Any] | None = None  # the caller's, returned on every output
     on_finish: Callable[[RequestOutput], object] | None = None  # run once with the final output
+    embedding: list[float] | None = None  # an embedding request's vector, once its prompt is computed
 
     @property
     def first(self) -> RequestState:
@@ -126,5 +127,6 @@ class ParentRequest:
         return RequestOutput(request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
                              outputs=completions, finished=finished, metrics=metrics,
                              num_cached_tokens=first.num_cached_tokens, error=self.error, metadata=self.metadata,
+                             embedding=self.embedding,
                              prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs_done and
                              self.prompt_logprobs is not None else None)

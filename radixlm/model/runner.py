@@ -19,6 +19,7 @@ from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
+from radixlm.model.pooling import final_hidden_states, pool_chunks
 from radixlm.model.sharding import local_kv_heads
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int | None
+    hidden_size: int  # the length of an embedding (the final hidden state)
 
     @classmethod
     def from_config(cls, config: PretrainedConfig, tensor_parallel_size: int = 1) -> ModelShape:
@@ -43,16 +45,19 @@ class ModelShape:
         return cls(num_layers=text.num_hidden_layers,
                    num_kv_heads=local_kv_heads(config, tensor_parallel_size),
                    head_dim=head_dim, vocab_size=text.vocab_size,
-                   max_position_embeddings=getattr(text, "max_position_embeddings", None))
+                   max_position_embeddings=getattr(text, "max_position_embeddings", None),
+                   hidden_size=text.hidden_size)
 
 
 @dataclass
 class RunnerOutput:
     """float32 logits: the sampled rows (the last `num_sampled` positions of each chunk, chunk by chunk), and the
-    prompt positions asked for (request id -> `[end - first, vocab]`, row j being position `first + j`)."""
+    prompt positions asked for (request id -> `[end - first, vocab]`, row j being position `first + j`); the
+    pooled final hidden states asked for (request id -> `[hidden]` float32: see `radixlm.model.pooling`)."""
 
     logits: torch.Tensor
     prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -87,19 +92,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
-                prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None) -> RunnerOutput:
+                prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None,
+                pooling_types: Mapping[str, str] | None = None) -> RunnerOutput:
         """Compute the chunks (their requests' K/V live in `block_tables[request_id]`); return the logits of the
         sampled rows and of the prompt positions asked for (`prompt_logits_positions[request_id] = (first, end)`,
-        within that request's chunk)."""
+        within that request's chunk), and the final hidden states of the chunks of `pooling_types`' requests
+        reduced as it says ("last" or "mean", see `radixlm.model.pooling.reduce_chunk`)."""
         batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions,
                                  decode_kernel=self.attention_backend == "cpp")
-        result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
-                            logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
+        with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden:
+            result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                                logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
+        pooled = pool_chunks(chunks, hidden[0][0], pooling_types) if pooling_types else {}
         # The sampler runs on the host: its per-request streams and masks are host tensors (one copy per step).
         logits = result.logits[0].float().cpu()
         sampled = batch.num_sampled_rows
         return RunnerOutput(logits[:sampled], {request_id: logits[sampled:][rows]
-                                               for request_id, rows in batch.extra_rows.items()})
+                                               for request_id, rows in batch.extra_rows.items()}, pooled)
 
 
 def _attention_backend(model_config: ModelConfig, device: torch.device) -> str:

@@ -47,13 +47,14 @@ class NgramDrafter:
         self._requests: dict[str, _RequestDrafts] = {}
 
     def propose(self, running: Iterable[Request]) -> None:
-        """Set `draft_token_ids` of every running request at its last token."""
+        """Set `draft_token_ids` of every running request at its last token (never of a pooling request)."""
         live: dict[str, _RequestDrafts] = {}
         for request in running:
             state = self._requests.get(request.request_id) or _RequestDrafts(self.config.num_speculative_tokens)
             live[request.request_id] = state
             if (request.status is not RequestStatus.RUNNING or request.num_uncomputed_tokens != 1
-                    or request.num_output_tokens == 0 or state.num_tokens == 0):
+                    or request.num_output_tokens == 0 or state.num_tokens == 0
+                    or request.pooling_params is not None):  # an embedding samples nothing to verify
                 continue
             request.draft_token_ids = find_draft(request.all_token_ids, state.num_tokens,
                                                  self.config.prompt_lookup_max, self.config.prompt_lookup_min)

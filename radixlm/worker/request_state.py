@@ -4,15 +4,19 @@ step deltas and by the tokens it samples itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from radixlm.core.step import ForkedRequest, NewRequestData
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
 
 @dataclass
 class WorkerRequest:
     """Token ids (prompt, then the tokens sampled so far), sampling parameters, random stream and block table.
-    Reads like the engine's `Request` where the sampler looks (`radixlm.sample.batch.SamplingRequest`)."""
+    Reads like the engine's `Request` where the sampler looks (`radixlm.sample.batch.SamplingRequest`).
+    A pooling request keeps its pooled state across its prompt's chunks (`pooled`, over `num_pooled_positions`):
+    dropped with the request when it finishes or is preempted, so a resumed one pools from scratch."""
 
     request_id: str
     all_token_ids: list[int]
@@ -22,11 +26,22 @@ class WorkerRequest:
     eos_token_ids: frozenset[int]
     block_table: list[int] = field(default_factory=list)
     num_drafts_before: int = 0  # 0, or j for the view `draft_row` makes for sampling row j of a verification
+    pooling_params: PoolingParams | None = None
+    pooled: Any = None  # a [hidden] float32 tensor: the running sum of the final hidden states ("mean"), or the last
+    num_pooled_positions: int = 0
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> WorkerRequest:
         return cls(data.request_id, list(data.token_ids), data.num_prompt_tokens,
-                   SamplingParams.from_dict(data.sampling_params), data.sampling_seed, frozenset(data.eos_token_ids))
+                   SamplingParams.from_dict(data.sampling_params), data.sampling_seed, frozenset(data.eos_token_ids),
+                   pooling_params=data.pooling_params)
+
+    def add_pooled(self, reduced: Any, num_positions: int) -> None:
+        """Fold one chunk's reduced hidden states (`radixlm.model.pooling.reduce_chunk`) into `pooled`."""
+        assert self.pooling_params is not None
+        mean = self.pooling_params.pooling_type == "mean"
+        self.pooled = reduced if self.pooled is None or not mean else self.pooled + reduced
+        self.num_pooled_positions += num_positions
 
     def fork(self, fork: ForkedRequest) -> WorkerRequest:
         """Sequence `fork.child_id`: this request's prompt and parameters, its own seed and blocks."""

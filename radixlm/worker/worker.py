@@ -2,9 +2,11 @@
 
 Per step: forget the requests that left, learn the new ones, extend block tables; apply the KV block copies; run
 the forward (`ModelRunner`); fork n > 1 children; sample every row (a request verifying drafts owns several rows);
-keep the accepted tokens; compute the prompt logprobs asked for. An exception in the forward propagates (the
-engine fails that batch); one in a request's own work (its sampling row, its prompt logprobs) is returned for that
-request alone, and the worker drops its state when the engine names it finished.
+keep the accepted tokens; compute the prompt logprobs asked for; pool the final hidden states of embedding requests
+(every chunk of a mean-pooling one, the last of a last-pooling one) and return the vector of each whose prompt is
+complete. An exception in the forward propagates (the engine fails that batch); one in a request's own work (its
+sampling row, its prompt logprobs, its pooling) is returned for that request alone, and the worker drops its state
+when the engine names it finished.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import GrammarBitmask, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from radixlm.model.pooling import embedding_of
 from radixlm.model.runner import ModelRunner
 from radixlm.sample.bitmask import apply_token_bitmask_
 from radixlm.sample.isolated import sample_isolated
@@ -34,6 +37,7 @@ class WorkerInfo:
     vocab_size: int
     max_position_embeddings: int | None
     model_eos_token_ids: frozenset[int]  # named by the model's generation config and config
+    hidden_size: int  # the length of an embedding
 
 
 class ModelWorker:
@@ -54,7 +58,7 @@ class ModelWorker:
             value = getattr(source, "eos_token_id", None)
             eos.update([value] if isinstance(value, int) else value or [])
         return WorkerInfo(self.runner.kv_cache.num_blocks, self.runner.kv_cache.num_slots, shape.vocab_size,
-                          shape.max_position_embeddings, frozenset(eos))
+                          shape.max_position_embeddings, frozenset(eos), shape.hidden_size)
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -63,7 +67,8 @@ class ModelWorker:
         if step.block_copies:
             kv_cache.copy_blocks(step.block_copies)
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
-        result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions)
+        result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions,
+                                     self._pooling_types(step) if self.samples else None)
         parent_rows: dict[str, int] = {}  # a sampling request -> its last logits row
         rows: list[WorkerRequest] = []
         for chunk in step.chunks:
@@ -88,6 +93,7 @@ class ModelWorker:
         output.errors = {rows[row].request_id: ("sampling", error) for row, error in row_errors.items()}
         self._keep_tokens(step, sampled, output)
         self._prompt_logprobs(step, result.prompt_logits, output)
+        self._keep_pooled(step, result.pooled, output)
         return output
 
     def _update_states(self, step: SchedulerOutput) -> None:
@@ -118,6 +124,28 @@ class ModelWorker:
             if request_id not in output.errors:
                 self.requests[request_id].all_token_ids.extend(token_ids[:num_kept])
 
+    def _pooling_types(self, step: SchedulerOutput) -> dict[str, str]:
+        """The chunks whose final hidden states the runner reduces: request id -> "mean" or "last"."""
+        types = {}
+        for chunk in step.chunks:
+            params = self.requests[chunk.request_id].pooling_params
+            if params is not None and params.pooling_type is not None and (chunk.pools or params.needs_every_position):
+                types[chunk.request_id] = params.pooling_type
+        return types
+
+    def _keep_pooled(self, step: SchedulerOutput, pooled: dict[str, torch.Tensor], output: ModelRunnerOutput) -> None:
+        """Fold each chunk's pooled rows into its request; a request whose prompt is complete gets its vector."""
+        for chunk in step.chunks:
+            if chunk.request_id not in pooled:
+                continue
+            request = self.requests[chunk.request_id]
+            try:
+                request.add_pooled(pooled[chunk.request_id], chunk.num_tokens)
+                if chunk.pools:
+                    output.embeddings[chunk.request_id] = _embedding(request)
+            except Exception as error:
+                output.errors.setdefault(chunk.request_id, ("pooling", error))
+
     def _prompt_logprobs(self, step: SchedulerOutput, logits: dict[str, torch.Tensor],
                          output: ModelRunnerOutput) -> None:
         for request_id, (first, end) in step.prompt_logprob_positions.items():
@@ -130,6 +158,16 @@ class ModelWorker:
                 output.errors.setdefault(request_id, ("prompt logprobs", error))
                 continue
             output.prompt_logprobs[request_id] = entries
+
+
+def _embedding(request: WorkerRequest) -> list[float]:
+    """The vector of a pooling request whose prompt is complete (mean pooling must have seen every position)."""
+    params = request.pooling_params
+    assert params is not None and params.pooling_type is not None
+    if params.needs_every_position and request.num_pooled_positions != request.num_prompt_tokens:
+        raise RuntimeError(f"mean pooling saw {request.num_pooled_positions} of the prompt's "
+                           f"{request.num_prompt_tokens} positions")
+    return embedding_of(request.pooled, request.num_pooled_positions, params.pooling_type)
 
 
 def accepted_length(draft_token_ids: list[int], sampled_token_ids: list[int]) -> int:

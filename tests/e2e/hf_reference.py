@@ -6,7 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+import torch.nn.functional as F
+from transformers import AutoModel, AutoModelForCausalLM
 
 from radixlm.model.loader import float32_checkpoint
 
@@ -35,6 +36,19 @@ def hf_logit_gap(model_dir: Path, token_ids: list[int], first: int, second: int,
     with torch.inference_mode():
         logits = model(torch.tensor([token_ids])).logits[0, -1]
     return abs(logits[first].item() - logits[second].item())
+
+
+def hf_embeddings(model_dir: Path, prompts: list[list[int]], pooling: str) -> list[list[float]]:
+    """HF's base model (`AutoModel`: the decoder without its LM head), one prompt at a time: its
+    `last_hidden_state` pooled by `pooling` ("last" or "mean"), L2-normalized, in float32."""
+    model = AutoModel.from_pretrained(float32_checkpoint(model_dir), dtype=torch.float32).eval()
+    vectors = []
+    for prompt in prompts:
+        with torch.inference_mode():
+            hidden = model(torch.tensor([prompt])).last_hidden_state[0]
+        pooled = hidden[-1] if pooling == "last" else hidden.mean(dim=0)
+        vectors.append(F.normalize(pooled, dim=-1).tolist())
+    return vectors
 
 
 def _load(model_dir: Path, prepare: Callable[[torch.nn.Module], object] | None) -> torch.nn.Module:

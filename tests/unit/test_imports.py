@@ -8,8 +8,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module", ["radixlm.core.scheduler", "radixlm.core.kv_cache_manager", "radixlm.trace.replay",
-                                    "radixlm.sampling_params", "radixlm", "radixlm.tool_parsers",
-                                    "radixlm.reasoning"])
+                                    "radixlm.sampling_params", "radixlm.pooling_params", "radixlm",
+                                    "radixlm.tool_parsers", "radixlm.reasoning"])
 def test_importing_loads_no_torch(module):
     code = f"import sys, {module}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
