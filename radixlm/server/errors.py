@@ -2,6 +2,7 @@
 
 `APIError` is raised by handlers; `install_error_handlers` routes FastAPI's own failures (validation, unknown
 routes, the body-size limit) through the same body, and `middleware.ErrorBoundary` turns bugs into a 500 with it.
+On the Messages API's paths (`/v1/messages...`) the same errors take Anthropic's body (`error_response`).
 Malformed JSON is a 400 (code `json_invalid`), as OpenAI and vLLM answer it; so is any other invalid body. 429
 and 503 carry `Retry-After` (seconds).
 """
@@ -63,7 +64,7 @@ class BodySizeLimit:
             return
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large().response()(scope, receive, send)
+            await error_response(scope["path"], self._too_large())(scope, receive, send)
             return
         received = 0
 
@@ -113,14 +114,36 @@ def _field_path(location: list[Any]) -> list[str]:
     return path
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(_: Request, error: APIError) -> JSONResponse:
+# The Messages API (`/v1/messages`, `/v1/messages/count_tokens`): its errors take Anthropic's body, whose `type`
+# follows the status as Anthropic's API sets it; the status codes stay those of the OpenAI paths.
+ANTHROPIC_PATH = "/v1/messages"
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(error: APIError) -> dict[str, Any]:
+    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = _ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def error_response(path: str, error: APIError) -> JSONResponse:
+    """`error` in the shape of the API at `path`: Anthropic's on the Messages API's paths, OpenAI's elsewhere."""
+    if path != ANTHROPIC_PATH and not path.startswith(f"{ANTHROPIC_PATH}/"):
         return error.response()
+    retry_after = RETRY_AFTER_SECONDS.get(error.status)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(anthropic_error_body(error), status_code=error.status, headers=headers)
 
-    async def on_validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
-        return _validation_error(list(error.errors())).response()
 
-    async def on_http_error(_: Request, error: HTTPException) -> JSONResponse:
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, error: APIError) -> JSONResponse:
+        return error_response(request.url.path, error)
+
+    async def on_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return error_response(request.url.path, _validation_error(list(error.errors())))
+
+    async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
         try:
             phrase = HTTPStatus(error.status_code).phrase
         except ValueError:
@@ -130,8 +153,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if error.status_code == 400 and cause is not None:  # FastAPI's JSON parse failed on more than syntax
             reason = {RecursionError: "it nests too deeply", UnicodeDecodeError: "it is not valid UTF-8"}.get(
                 type(cause), str(cause)[:200])  # ValueError: an integer past Python's 4,300-digit limit, ...
-            return APIError(400, f"the body could not be parsed as JSON: {reason}", code="json_invalid").response()
-        return APIError(error.status_code, message).response()
+            return error_response(request.url.path, APIError(400, f"the body could not be parsed as JSON: {reason}",
+                                                             code="json_invalid"))
+        return error_response(request.url.path, APIError(error.status_code, message))
 
     app.add_exception_handler(APIError, on_api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]

@@ -16,13 +16,13 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixlm.server.errors import APIError
+from radixlm.server.errors import APIError, error_response
 
 logger = logging.getLogger(__name__)
 
 
 class ErrorBoundary:
-    """An unexpected exception becomes a 500 in OpenAI's shape, and goes no further.
+    """An unexpected exception becomes a 500 in OpenAI's shape (Anthropic's on its paths), and goes no further.
 
     Why not `app.add_exception_handler(Exception, ...)`: Starlette sends that handler's response and then raises
     the exception again (for servers to log it), and uvicorn answers an exception from the app by closing the
@@ -56,12 +56,13 @@ class ErrorBoundary:
             if state["started"]:
                 raise
             message = f"internal server error: {type(error).__name__}: {error}"
-            await APIError(500, message.encode("utf-8", "backslashreplace").decode("utf-8")).response()(
-                scope, receive, send)
+            internal = APIError(500, message.encode("utf-8", "backslashreplace").decode("utf-8"))
+            await error_response(scope["path"], internal)(scope, receive, send)
 
 
 class APIKeyCheck:
-    """401 for a request to a protected path without `Authorization: Bearer <key>`, before its body is read."""
+    """401 for a request to a protected path without the key, before its body is read. The key comes as
+    `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key: <key>` (Anthropic's)."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, protected_prefixes: tuple[str, ...]) -> None:
         self.app = app
@@ -72,11 +73,15 @@ class APIKeyCheck:
         if self.api_key is None or scope["type"] != "http" or not scope["path"].startswith(self.protected_prefixes):
             await self.app(scope, receive, send)
             return
-        scheme, _, credentials = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.strip().encode(), self.api_key):
-            error = APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
+        headers = Headers(scope=scope)
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        bearer_ok = scheme.lower() == "bearer" and secrets.compare_digest(credentials.strip().encode(), self.api_key)
+        x_api_key = headers.get("x-api-key")
+        x_api_key_ok = x_api_key is not None and secrets.compare_digest(x_api_key.strip().encode(), self.api_key)
+        if not (bearer_ok or x_api_key_ok):
+            error = APIError(401, "invalid or missing API key (send Authorization: Bearer <key> or x-api-key: <key>)",
                              code="invalid_api_key")
-            await error.response()(scope, receive, send)
+            await error_response(scope["path"], error)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
