@@ -1,6 +1,9 @@
 """The OpenAI-compatible HTTP server: an app factory (no module-global state) and `run_server` (uvicorn).
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models (and /v1/models/{id}), POST /tokenize,
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings (`embeddings.py`),
+POST /v1/responses (and GET / DELETE /v1/responses/{id}:
+OpenAI's Responses API, `openai_responses/`), POST /v1/messages (and /v1/messages/count_tokens:
+Anthropic's Messages API), GET /v1/models (and /v1/models/{id}), POST /tokenize,
 POST /detokenize (all behind `--api-key` when set, checked before the body is read), GET/HEAD /health (503 until
 the engine is ready), GET /metrics (Prometheus). The server answers while the model loads; SIGINT/SIGTERM end every
 running request with an error, then exit. Tokenizer work runs on the app's tokenizer thread (`tokenization.py`),
@@ -30,15 +33,19 @@ from radixlm.distributed.data_parallel import DataParallelEngine, replica_engine
 from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics
+from radixlm.server.anthropic_messages import AnthropicMessages
 from radixlm.server.chat import ChatCompletions
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.completions import Completions
 from radixlm.server.dashboard import dashboard_router
+from radixlm.server.embeddings import Embeddings
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
 from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
 from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary
+from radixlm.server.openai_responses import OpenAIResponses
 from radixlm.server.request_bodies import DetokenizeRequest, TokenizeRequest
+from radixlm.server.request_ids import RequestIdHeader
 from radixlm.server.response_bodies import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
 from radixlm.server.serving import OpenAIServing
 from radixlm.server.tokenization import Tokenization
@@ -98,6 +105,7 @@ def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], L
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
     app.add_middleware(APIKeyCheck, api_key=api_key, protected_prefixes=PROTECTED_PREFIXES)
     app.add_middleware(ErrorBoundary)
+    app.add_middleware(RequestIdHeader)  # outside the boundary: a 500 carries the id too
     app.state.async_engine = async_engine
     install_error_handlers(app)
     app.include_router(_api_router(async_engine, tokenization, model_name, model_path or model_name,
@@ -128,6 +136,15 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
                          methods=["POST"])
     router.add_api_route("/v1/completions", Completions(async_engine, model_name, tokenization).create,
                          methods=["POST"])
+    router.add_api_route("/v1/embeddings", Embeddings(async_engine, model_name, tokenization).create,
+                         methods=["POST"])
+    responses = OpenAIResponses(ChatCompletions(async_engine, model_name, tokenization, chat_options))
+    router.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    router.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    router.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
+    messages = AnthropicMessages(ChatCompletions(async_engine, model_name, tokenization, chat_options))
+    router.add_api_route("/v1/messages", messages.create, methods=["POST"])
+    router.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
     created = int(time.time())
 
     def card() -> ModelCard:

@@ -31,7 +31,7 @@ from radixlm.server.response_bodies import (
     DeltaMessage,
     Usage,
 )
-from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
+from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of
 from radixlm.server.tool_calling import after_reasoning, check_tool_choice, check_tools, tool_call_grammar
 from radixlm.structured.spec import GrammarSpec
 
@@ -118,7 +118,8 @@ class ChatCompletions(OpenAIServing):
                 logprobs=self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, top_n),
                 finish_reason=parser.finish_reason(sequence.finish_reason)))
         return ChatCompletion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
-                              usage=usage_of([result]))
+                              usage=usage_of([result]),
+                              timings=timings_of_results([result]) if body.timings_per_token else None)
 
     async def _chunks(self, run: ChatRun, body: ChatCompletionRequest, formatter: OpenAILogprobs, top_n: int,
                       ) -> AsyncIterator[ChatCompletionChunk]:
@@ -130,7 +131,8 @@ class ChatCompletions(OpenAIServing):
             if usage is None and body.continuous_usage:
                 usage = usage_of([result])
             return ChatCompletionChunk(id=run.request_id, created=created, model=self.model_name, choices=choices,
-                                       usage=usage)
+                                       usage=usage,
+                                       timings=timings_of_results([result]) if body.timings_per_token else None)
 
         for index in range(body.n):  # OpenAI opens every choice with the role
             yield chunk([ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content=""))])

@@ -20,7 +20,7 @@ from radixlm.server.errors import APIError
 from radixlm.server.logprobs import OpenAILogprobs
 from radixlm.server.request_bodies import CompletionRequest
 from radixlm.server.response_bodies import Completion, CompletionChoice, CompletionLogprobs
-from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, usage_of
+from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ class Completions(OpenAIServing):
         for i, choice in enumerate(choices):
             choice.index = i
         response = Completion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
-                              usage=usage_of(results))
+                              usage=usage_of(results),
+                              timings=timings_of_results(results) if body.timings_per_token else None)
         return JSONResponse(response.model_dump(mode="json"))
 
     @staticmethod
@@ -150,7 +151,8 @@ class Completions(OpenAIServing):
                 choice = CompletionChoice(index=choice_index, text=text, logprobs=logprobs,
                                           finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
                 yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice],
-                                 usage=usage_of(results) if body.continuous_usage else None)
+                                 usage=usage_of(results) if body.continuous_usage else None,
+                                 timings=timings_of_results(results) if body.timings_per_token else None)
         if body.include_usage:
             yield Completion(id=request_id, created=created, model=self.model_name, choices=[],
                              usage=usage_of(results))

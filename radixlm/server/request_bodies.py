@@ -86,6 +86,8 @@ class SamplingRequest(RequestBody):
     stream_options: StreamOptions | None = None
     user: str | None = None
     priority: int = Field(0, gt=-(2**31), lt=2**31)
+    # llama.cpp's: the response and every streamed chunk carry `timings` (prompt and generation times, speeds).
+    timings_per_token: bool = False
     # OpenAI's metadata: up to 16 string pairs (keys up to 64 characters, values up to 512), kept on the outputs
     # and in the trace.
     metadata: dict[Annotated[str, StringConstraints(max_length=64)],

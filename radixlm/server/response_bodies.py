@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, model_serializer
 
+from radixlm.server.timings import Timings
+
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
@@ -81,7 +83,22 @@ class ChatChoice(BaseModel):
     stop_reason: int | str | None = None  # vLLM's extension: the stop string or token id that ended it
 
 
-class ChatCompletion(BaseModel):
+class WithTimings(BaseModel):
+    """A response or chunk that carries llama.cpp's `timings` when the request asked (`timings_per_token`); the
+    key is left out otherwise."""
+
+    timings: Timings | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_timings(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        timings = data.pop("timings", None)
+        if timings is not None:  # last, as llama.cpp puts it
+            data["timings"] = timings
+        return data
+
+
+class ChatCompletion(WithTimings):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -132,7 +149,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(WithTimings):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -150,7 +167,7 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
-class Completion(BaseModel):
+class Completion(WithTimings):
     """A /v1/completions response; streamed chunks use the same shape with `usage` null until the last one."""
 
     id: str

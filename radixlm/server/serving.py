@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,33 +18,42 @@ from pydantic import BaseModel
 
 from radixlm.core.scheduler import QueueFullError
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
-from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import chat_prompt_ids
 from radixlm.server.errors import APIError
 from radixlm.server.request_bodies import ChatMessage, SamplingRequest
 from radixlm.server.response_bodies import Usage
+from radixlm.server.timings import Timings, merged, timings_of
 from radixlm.server.tokenization import Tokenization
 from radixlm.structured.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 _MAX_TOKEN_ID_DIGITS = 20
+DEFAULT_KEEPALIVE_SECONDS = 15.0  # FastAPI's and sse-starlette's interval
+KEEPALIVE_FRAME = ": ping\n\n"  # an SSE comment: every client skips it
 _PARAMS = frozenset({"prompt", "messages", *SamplingRequest.model_fields})
 
 
 @dataclass
 class PromptResult:
-    """Everything received so far for one prompt: its tokens, and the latest state of each sequence."""
+    """Everything received so far for one prompt: its tokens, and the latest state of each sequence (or its
+    vector, for an embedding request)."""
 
     prompt_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     sequences: dict[int, CompletionOutput] = field(default_factory=dict)
+    embedding: list[float] | None = None
+    metrics: RequestMetrics | None = None
 
     def update(self, output: RequestOutput) -> None:
         self.prompt_token_ids = output.prompt_token_ids
         self.num_cached_tokens = output.num_cached_tokens
+        self.metrics = output.metrics
+        self.embedding = output.embedding if output.embedding is not None else self.embedding
         if self.prompt_logprobs is None:
             self.prompt_logprobs = output.prompt_logprobs
         for sequence in output.outputs:
@@ -54,6 +64,12 @@ def usage_of(results: list[PromptResult]) -> Usage:
     return Usage.of(prompt_tokens=sum(len(r.prompt_token_ids) for r in results),
                     completion_tokens=sum(len(s.token_ids) for r in results for s in r.sequences.values()),
                     cached_tokens=sum(r.num_cached_tokens for r in results))
+
+
+def timings_of_results(results: list[PromptResult]) -> Timings:
+    """llama.cpp's timings of a request so far (`timings.merged` over several prompts)."""
+    return merged([timings_of(r.metrics, len(r.prompt_token_ids), r.num_cached_tokens,
+                              sum(len(s.token_ids) for s in r.sequences.values())) for r in results])
 
 
 def new_request_id(prefix: str) -> str:
@@ -74,11 +90,13 @@ class OpenAIServing:
     """Base of the chat and completions handlers: one per app, holding the app's engine."""
 
     def __init__(self, async_engine: AsyncEngine, model_name: str, tokenization: Tokenization,
-                 chat_options: ChatOptions | None = None) -> None:
+                 chat_options: ChatOptions | None = None,
+                 keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS) -> None:
         self.async_engine = async_engine
         self.model_name = model_name
         self.tokenization = tokenization
         self.chat_options = chat_options or ChatOptions()
+        self.keepalive_seconds = keepalive_seconds
 
     # -- tokenizer work, on the tokenizer thread ---------------------------------------------------------------
     async def encode(self, info: EngineInfo, text: str, add_special_tokens: bool, param: str) -> list[int]:
@@ -186,7 +204,7 @@ class OpenAIServing:
                            param="max_tokens", code="context_length_exceeded")
 
     # -- running -----------------------------------------------------------------------------------------------
-    async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+    async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams | PoolingParams,
                     priority: int, metadata: dict[str, str] | None = None) -> OutputStream:
         try:
             return await self.async_engine.generate(request_id, prompts, params, priority=priority,
@@ -222,8 +240,12 @@ class OpenAIServing:
                 raise APIError(500, f"the request failed: {output.error}", code="request_failed")
             yield prompt_index, output
 
-    @staticmethod
-    def sse(chunks: AsyncIterator[BaseModel], stream: OutputStream) -> EventSourceResponse:
+    def event_stream(self, frames: AsyncGenerator[str, None]) -> EventSourceResponse:
+        """An SSE response of already framed events, with a keep-alive comment on long waits (`with_keepalive`)."""
+        return EventSourceResponse(with_keepalive(frames, self.keepalive_seconds),
+                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def sse(self, chunks: AsyncIterator[BaseModel], stream: OutputStream) -> EventSourceResponse:
         """Frame chunks as `data: {json}`, end with `data: [DONE]`; an error mid-stream becomes an error event.
 
         A client that disconnects cancels the generator (Starlette), and `finally` aborts the requests.
@@ -243,7 +265,31 @@ class OpenAIServing:
                 stream.abort()
             yield format_sse_event(data_str="[DONE]")
 
-        return EventSourceResponse(frames(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return self.event_stream(frames())
+
+
+async def with_keepalive(frames: AsyncGenerator[str, None], interval: float) -> AsyncIterator[str]:
+    """`frames`, with an SSE comment (`: ping`) each time `interval` seconds pass without a frame, so that proxies
+    and clients with read timeouts keep a long wait (a full queue, a long prefill) open. Closing this generator
+    (a client that left) cancels the wait and closes `frames`, whose `finally` then runs."""
+    pending = asyncio.ensure_future(anext(frames))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield KEEPALIVE_FRAME
+                continue
+            try:
+                frame = pending.result()
+            except StopAsyncIteration:
+                return
+            yield frame
+            pending = asyncio.ensure_future(anext(frames))
+    finally:
+        pending.cancel()
+        with contextlib.suppress(BaseException):  # the frames' own end: cancelled, finished or failed
+            await pending
+        await frames.aclose()
 
 
 def _error_frame(error: APIError) -> str:

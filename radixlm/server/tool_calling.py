@@ -83,11 +83,12 @@ def tool_call_grammar(parser: ToolParser, functions: list[FunctionTool], choice:
     single = choice != "required" or not parallel_tool_calls
     calls = {"type": "tags_with_separator", "tags": tags, "separator": parser.separator, "at_least_one": True,
              "stop_after_first": single}
-    # Models end a call's line: without room for that newline the grammar would read it as the separator and
-    # force a second call (and a third...) until max_tokens.
-    trailing_newline = {"type": "regex", "pattern": r"\n?"}
+    # Models end a call's line, often with a blank line after it: without room for that whitespace the grammar
+    # reads the newline as the separator and forces a second call (and a third...) until max_tokens. Bounded, so
+    # that the end (EOS) is forced soon after.
+    trailing_space = {"type": "regex", "pattern": r"[ \n]{0,4}"}  # not \s: xgrammar counts \ufeff and \x0c in it
     return GrammarSpec.from_structural_tag({"type": "structural_tag", "format": {
-        "type": "sequence", "elements": [calls, trailing_newline]}})
+        "type": "sequence", "elements": [calls, trailing_space]}})
 
 
 def after_reasoning(spec: GrammarSpec, opened_in_prompt: bool) -> GrammarSpec:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import openai
@@ -195,6 +196,29 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client, mode
     plain = list(client.completions.create(prompt="the quick brown", **(fields | {"stream_options": {
         "continuous_usage_stats": True}})))
     assert all(c.usage is None for c in plain)  # as vLLM: only together with include_usage
+
+
+def test_timings_when_asked(tiny_server):
+    """llama.cpp's `timings` (with `timings_per_token`, as its clients ask): counts that match the usage, times
+    that are finite; absent otherwise."""
+    body = {"messages": MESSAGES, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    plain = tiny_server.http.post("/v1/chat/completions", json=body).json()
+    assert "timings" not in plain
+    for path, extra in (("/v1/chat/completions", {}), ("/v1/completions", {"prompt": ["a b", "c d e"]})):
+        fields = body | {"timings_per_token": True} | extra
+        if extra:
+            del fields["messages"]
+        response = tiny_server.http.post(path, json=fields).json()
+        timings, usage = response["timings"], response["usage"]
+        assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+        assert timings["predicted_n"] == usage["completion_tokens"]
+        assert all(value >= 0 and math.isfinite(value) for value in timings.values())
+        assert timings["predicted_ms"] > 0 and timings["predicted_per_second"] > 0
+    with tiny_server.http.stream("POST", "/v1/chat/completions",
+                                 json=body | {"stream": True, "timings_per_token": True}) as stream:
+        chunks = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")]
+    assert all("timings" in chunk for chunk in chunks)
+    assert chunks[-1]["timings"]["predicted_n"] == 5
 
 
 def test_metrics_counters_move(tiny_server, client, model):
