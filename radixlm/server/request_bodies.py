@@ -30,6 +30,15 @@ class RequestBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)  # JSON types as sent: true is not 1, "yes" not true
     MAX_ENTRIES: ClassVar[dict[str, int]] = {}
+    # Field -> "is this value one the server can honour?": the fields a body declares only to refuse them.
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
+
+    def unsupported_field(self) -> str | None:
+        """The first field set to a value this server cannot honour, or None."""
+        for name, is_neutral in self.UNSUPPORTED.items():
+            if not is_neutral(getattr(self, name)):
+                return name
+        return None
 
     @field_validator("*", mode="before")
     @classmethod
@@ -43,7 +52,8 @@ class RequestBody(BaseModel):
         return value
 
 
-def _is_off(value: Any) -> bool:
+def is_off(value: Any) -> bool:
+    """The neutral value of a field declared only to be refused: unset, false or empty."""
     return value is None or value is False or value == [] or value == {}
 
 
@@ -59,7 +69,6 @@ class StreamOptions(BaseModel):
 class SamplingRequest(RequestBody):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
-    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {}
     MAX_ENTRIES: ClassVar[dict[str, int]] = {"logit_bias": MAX_TOKEN_ID_LIST, "stop_token_ids": MAX_TOKEN_ID_LIST}
 
     model: str | None = None
@@ -103,13 +112,6 @@ class SamplingRequest(RequestBody):
     guided_choice: Any = None
     guided_grammar: Any = None
     structured_outputs: Any = None
-
-    def unsupported_field(self) -> str | None:
-        """The first field set to a value this server cannot honour, or None."""
-        for name, is_neutral in self.UNSUPPORTED.items():
-            if not is_neutral(getattr(self, name)):
-                return name
-        return None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -167,14 +169,14 @@ class ChatMessage(BaseModel):
 
 
 _CHAT_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "functions": _is_off,  # the deprecated form of tools: send tools instead
+    "functions": is_off,  # the deprecated form of tools: send tools instead
     "function_call": lambda v: v is None or v == "none",
-    "audio": _is_off,
-    "modalities": lambda v: _is_off(v) or v == ["text"],
-    "prediction": _is_off,
-    "reasoning_effort": _is_off,
-    "web_search_options": _is_off,
-    "echo": _is_off,  # vLLM's chat echo; /v1/completions supports echo
+    "audio": is_off,
+    "modalities": lambda v: is_off(v) or v == ["text"],
+    "prediction": is_off,
+    "reasoning_effort": is_off,
+    "web_search_options": is_off,
+    "echo": is_off,  # vLLM's chat echo; /v1/completions supports echo
 }
 # A request inside an agent's tool loop gets this priority: below every client value, so it is the last to be
 # preempted (and, under --schedule-policy priority, the first to be scheduled).
@@ -225,7 +227,7 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {"suffix": _is_off}
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = {"suffix": is_off}
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's default for completions

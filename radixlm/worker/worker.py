@@ -135,6 +135,8 @@ class ModelWorker:
 
     def _keep_pooled(self, step: SchedulerOutput, pooled: dict[str, torch.Tensor], output: ModelRunnerOutput) -> None:
         """Fold each chunk's pooled rows into its request; a request whose prompt is complete gets its vector."""
+        if not pooled:  # the usual step: no embedding request in it
+            return
         for chunk in step.chunks:
             if chunk.request_id not in pooled:
                 continue

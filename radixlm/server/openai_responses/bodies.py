@@ -14,16 +14,12 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, StringConstraints
 
 from radixlm.server.openai_responses.items import OutputItem
-from radixlm.server.request_bodies import MAX_MESSAGES, RequestBody
+from radixlm.server.request_bodies import MAX_MESSAGES, RequestBody, is_off
 from radixlm.server.tool_calling import MAX_TOOLS
 
 MAX_INPUT_ITEMS = MAX_MESSAGES  # per request; a continuation's stored items count towards chat's own limit
 MAX_INCLUDE = 16
 MAX_RESPONSE_ID_CHARS = 128
-
-
-def _is_off(value: Any) -> bool:
-    return value is None or value is False or value == [] or value == {}
 
 
 def _one_of(*neutral: Any) -> Callable[[Any], bool]:
@@ -32,22 +28,22 @@ def _one_of(*neutral: Any) -> Callable[[Any], bool]:
 
 # Field -> "is this value one we can honour?". Accepted values mean what OpenAI says they mean.
 _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "background": _is_off,  # responses run while the request is open
-    "conversation": _is_off,  # use previous_response_id
-    "prompt": _is_off,  # stored prompt templates
-    "include": _is_off,  # no logprobs, encrypted reasoning or tool results to add
+    "background": is_off,  # responses run while the request is open
+    "conversation": is_off,  # use previous_response_id
+    "prompt": is_off,  # stored prompt templates
+    "include": is_off,  # no logprobs, encrypted reasoning or tool results to add
     "truncation": _one_of("disabled"),  # a too-long conversation is a 400
     "top_logprobs": _one_of(0),
-    "max_tool_calls": _is_off,  # built-in tools only
+    "max_tool_calls": is_off,  # built-in tools only
     "service_tier": _one_of("auto", "default"),
-    "stream_options": lambda value: _is_off(value) or value == {"include_obfuscation": False},
-    "context_management": _is_off,
+    "stream_options": lambda value: is_off(value) or value == {"include_obfuscation": False},
+    "context_management": is_off,
     "prompt_cache_retention": _one_of("in_memory"),  # the radix cache is in memory, as long as it has room
-    "prompt_cache_options": _is_off,
-    "moderation": _is_off,
-    "image": _is_off,
-    "background_options": _is_off,
-    "access_programs": _is_off,
+    "prompt_cache_options": is_off,
+    "moderation": is_off,
+    "image": is_off,
+    "background_options": is_off,
+    "access_programs": is_off,
 }
 
 
@@ -55,6 +51,7 @@ class ResponsesRequest(RequestBody):
     """POST /v1/responses. `input` items and `tools` are checked entry by entry in `translate.py`."""
 
     MAX_ENTRIES: ClassVar[dict[str, int]] = {"input": MAX_INPUT_ITEMS, "tools": MAX_TOOLS, "include": MAX_INCLUDE}
+    UNSUPPORTED: ClassVar[dict[str, Callable[[Any], bool]]] = _UNSUPPORTED
 
     model: str | None = None
     input: str | list[Any]  # each item checked in input_items.py, naming its path
@@ -94,13 +91,6 @@ class ResponsesRequest(RequestBody):
     image: Any = None
     background_options: Any = None
     access_programs: Any = None
-
-    def unsupported_field(self) -> str | None:
-        """The first field set to a value this server cannot honour, or None."""
-        for name, is_neutral in _UNSUPPORTED.items():
-            if not is_neutral(getattr(self, name)):
-                return name
-        return None
 
     @property
     def stores(self) -> bool:
