@@ -3,11 +3,17 @@
 Both split `<think>...</think>` from the answer. They differ when the text has no `</think>`: DeepSeek-R1's
 template opens the think block in the prompt, so unclosed text is all reasoning; Qwen3 may answer without
 thinking, so text without `</think>` is all content.
+
+Free text is split at its first `</think>`. Under a grammar (`server/tool_calling.after_reasoning`) the split
+follows the grammar's structure instead, so that an answer holding `</think>` (a JSON string, a call's argument)
+is never cut: the grammar's think block ends at its first `</think>` (deepseek_r1: the first is the split), and
+for qwen3 the output is either the answer alone or a block opened by `<think>` at its very start
+(`think_must_open`: without that opening, the whole output is the answer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from radixlm.tool_parsers.base import held_back
 
@@ -17,10 +23,16 @@ THINK_END = "</think>"
 
 @dataclass(frozen=True)
 class ReasoningParser:
-    """`unclosed_is_reasoning`: whether text without `</think>` is reasoning (deepseek_r1) or content (qwen3)."""
+    """`unclosed_is_reasoning`: whether text without `</think>` is reasoning (deepseek_r1) or content (qwen3).
+    `think_must_open`: reasoning only when the text starts with `<think>` (see the module docstring)."""
 
     name: str
     unclosed_is_reasoning: bool
+    think_must_open: bool = False
+
+    def under_grammar(self) -> ReasoningParser:
+        """This parser for output a grammar shaped by `after_reasoning`."""
+        return self if self.unclosed_is_reasoning else replace(self, think_must_open=True)
 
     def parse(self, text: str) -> tuple[str | None, str | None]:
         """Non-streaming: (reasoning_content, content) -- what a stream of the same text yields."""
@@ -64,6 +76,11 @@ class ReasoningStream:
         if not self._in_reasoning:
             return "", delta
         self._buffer += delta
+        if not self._started and self.parser.think_must_open and not self._buffer.startswith(THINK_START):
+            if not final and THINK_START.startswith(self._buffer):
+                return "", ""
+            text, self._buffer, self._in_reasoning = self._buffer, "", False  # no think block: all answer
+            return "", text
         if not self._started:  # a leading <think> (and the blank after it) is markup, not reasoning
             stripped = self._buffer.lstrip()
             opened_only = stripped.startswith(THINK_START) and not stripped[len(THINK_START):].strip("\n")

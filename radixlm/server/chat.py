@@ -32,8 +32,15 @@ from radixlm.server.response_bodies import (
     Usage,
 )
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of
-from radixlm.server.tool_calling import after_reasoning, check_tool_choice, check_tools, tool_call_grammar
-from radixlm.structured.spec import GrammarSpec
+from radixlm.server.tool_calling import (
+    FunctionTool,
+    after_reasoning,
+    check_tool_choice,
+    check_tools,
+    tool_call_grammar,
+)
+from radixlm.structured.spec import GrammarSpec, check_json_spec
+from radixlm.tool_parsers import ToolParser
 
 _S = TypeVar("_S", GrammarSpec, GrammarSpec | None)
 
@@ -58,8 +65,13 @@ class ChatCompletions(OpenAIServing):
         start it here, so every API shares one path to the engine."""
         info = self.ready_info()
         self.check_request(body, info)
-        plan = await self._plan(body, info, raw_request)
-        params = await self.sampling_params(body, info, raw_request, plan.grammar)
+        plan = self._plan(body)
+        try:
+            params = await self.sampling_params(body, info, raw_request, plan.grammar)
+        except APIError as error:
+            if error.status == 400 and plan.forced_schemas:
+                await self._name_bad_tool(plan, info, raw_request)
+            raise
         prompt_ids = await self.chat_prompt(info, body.messages, body.add_generation_prompt, plan.tools,
                                             plan.template_kwargs)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
@@ -67,7 +79,7 @@ class ChatCompletions(OpenAIServing):
         stream = await self.admit(request_id, [prompt_ids], params, body.engine_priority(), body.metadata)
         return ChatRun(request_id, stream, plan.parsing, info, prompt_ids)
 
-    async def _plan(self, body: ChatCompletionRequest, info: EngineInfo, raw_request: Request) -> _Plan:
+    def _plan(self, body: ChatCompletionRequest) -> _Plan:
         """How this request's tools, template variables and reasoning shape its prompt, grammar and parsing."""
         options = self.chat_options
         try:
@@ -80,27 +92,49 @@ class ChatCompletions(OpenAIServing):
         if choice == "auto" and not options.enable_auto_tool_choice:
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server to run with '
                                 '--enable-auto-tool-choice and --tool-call-parser', param="tool_choice")
-        for i, function in enumerate(functions):
-            param = f"tools.{i}.function.parameters"
-            schema = _spec(partial(GrammarSpec.from_json_schema, function.parameters), param)
-            await self.compile_grammar(info, schema, param, raw_request)
         tool_parser = options.tool_parser() if functions and choice != "none" else None
+        forced, forced_schemas = self._forced_grammar(tool_parser, functions, choice, body)
         grammar: tuple[GrammarSpec | None, str | None] = (own_spec, own_field)
-        forced = _spec(lambda: tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls),
-                       "tools") if tool_parser else None
         if forced is not None:
             if own_field is not None:
                 raise APIError(400, f"{own_field} cannot be combined with tool_choice {choice!r}", param=own_field)
             grammar = (forced, "tool_choice")
         reasoning = options.reasoning()
-        if reasoning is not None and grammar[0] is not None and template_kwargs.get("enable_thinking") is not False:
-            constrained = grammar[0]
-            opened_in_prompt = reasoning.unclosed_is_reasoning
-            grammar = (_spec(lambda: after_reasoning(constrained, opened_in_prompt), str(grammar[1])), grammar[1])
+        if reasoning is not None and grammar[0] is not None:
+            if template_kwargs.get("enable_thinking") is False:
+                reasoning = None  # the grammar holds the answer alone: no text of it is reasoning
+            else:
+                constrained, opened_in_prompt = grammar[0], reasoning.unclosed_is_reasoning
+                grammar = (_spec(lambda: after_reasoning(constrained, opened_in_prompt), str(grammar[1])),
+                           grammar[1])
+                reasoning = reasoning.under_grammar()  # split where the grammar's structure puts </think>
         forced_names = () if forced is None else tuple(f.name for f in functions if choice in ("required", f.name))
         return _Plan(body.tools if functions else None, template_kwargs, grammar,
                      OutputParsing(reasoning, tool_parser, not body.parallel_tool_calls, forced_names,
-                                   named_choice=choice not in ("none", "auto", "required")))
+                                   named_choice=choice not in ("none", "auto", "required")), forced_schemas)
+
+    @staticmethod
+    def _forced_grammar(tool_parser: ToolParser | None, functions: list[FunctionTool], choice: str,
+                        body: ChatCompletionRequest) -> tuple[GrammarSpec | None, dict[str, GrammarSpec]]:
+        """The grammar of a forced tool choice (None for "auto" and "none"), and the schemas it uses by the field
+        each came from (to name a bad one: `_name_bad_tool`). Every tool's schema is checked for size, but only
+        the forced grammar is compiled, as a whole: a client's tools fill the compile cache only when they
+        constrain its output."""
+        for i, function in enumerate(functions):
+            _spec(partial(check_json_spec, function.parameters, "the schema"), f"tools.{i}.function.parameters")
+        if tool_parser is None or choice == "auto":
+            return None, {}
+        schemas = {f"tools.{i}.function.parameters": _spec(partial(GrammarSpec.from_json_schema, function.parameters),
+                                                           f"tools.{i}.function.parameters")
+                   for i, function in enumerate(functions) if choice in ("required", function.name)}
+        grammar = _spec(lambda: tool_call_grammar(tool_parser, functions, choice, body.parallel_tool_calls), "tools")
+        return grammar, schemas
+
+    async def _name_bad_tool(self, plan: _Plan, info: EngineInfo, raw_request: Request) -> None:
+        """After the forced grammar failed to compile: a 400 naming the tool whose schema fails alone, if one does.
+        Compiled one by one only now, so that a good request never holds its tools' schemas twice."""
+        for param, schema in plan.forced_schemas.items():
+            await self.compile_grammar(info, schema, param, raw_request)
 
     def _logprobs(self, body: ChatCompletionRequest, formatter: OpenAILogprobs, token_ids: list[int],
                   logprobs: list | None, top_n: int) -> ChatLogprobs | None:
@@ -176,6 +210,7 @@ class _Plan:
     template_kwargs: dict[str, Any]
     grammar: tuple[GrammarSpec | None, str | None]  # the constraint and the field it came from
     parsing: OutputParsing
+    forced_schemas: dict[str, GrammarSpec]  # a forced choice's function schemas, by the field each came from
 
 
 def _spec(build: Callable[[], _S], param: str) -> _S:
