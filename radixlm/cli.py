@@ -57,10 +57,13 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:
-    from radixlm.config import EngineConfig
-    from radixlm.server.api_server import ServerOptions, run_server
+    from radixlm.config import EngineConfig, parse_bytes
+    from radixlm.server.api_server import ServerOptions, check_api_key, run_server
     from radixlm.server.chat_options import ChatOptions
 
+    api_key = args.api_key if args.api_key is not None else os.environ.get("RADIXLM_API_KEY")
+    if api_key is not None:
+        check_api_key(api_key)  # before anything loads: an empty key must not read as "no key"
     options = engine_kwargs(args)
     config = EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
     if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server
@@ -70,8 +73,9 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(run_node(resolve_model_dir(config.model.model), config.model, config.cache, config.parallel))
     chat = ChatOptions(chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
                        enable_auto_tool_choice=args.enable_auto_tool_choice, reasoning_parser=args.reasoning_parser)
-    server = ServerOptions(host=args.host, port=args.port, api_key=args.api_key or os.environ.get("RADIXLM_API_KEY"),
-                           max_request_bytes=args.max_request_bytes, log_level=args.log_level, chat=chat)
+    server = ServerOptions(host=args.host, port=args.port, api_key=api_key,
+                           max_request_bytes=args.max_request_bytes, log_level=args.log_level, chat=chat,
+                           responses_store_bytes=parse_bytes(args.responses_store_bytes, "--responses-store-bytes"))
     if not run_server(options, server):
         sys.exit(1)
 
@@ -117,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or $RADIXLM_API_KEY)")
     serve.add_argument("--max-request-bytes", type=int, default=16 * 2**20, help="larger bodies get 413")
+    serve.add_argument("--responses-store-bytes", default="128MiB",
+                       help="most bytes (JSON text) of finished /v1/responses kept for GET and previous_response_id, "
+                            "oldest evicted first (default: 128MiB)")
     _add_chat_args(serve)
     add_engine_args(serve)
     serve.set_defaults(handler=_cmd_serve)

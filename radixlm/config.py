@@ -27,18 +27,29 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb":
                "g": 1e9, "gb": 1e9, "gib": 2**30}
 
 
-def parse_memory(value: float | int | str) -> float:
+def parse_memory(value: float | int | str, name: str = "kv_cache_memory") -> float:
     """Parse a memory budget: a fraction of free memory (0 < x <= 1) or a byte count ("512MiB", "2GB", 3e8)."""
     if isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
         if match is None or match.group(2).lower() not in _SIZE_UNITS:
-            raise ValueError(f"kv_cache_memory must be a fraction in (0, 1] or a size like '512MiB', got {value!r}")
+            raise ValueError(f"{name} must be a fraction in (0, 1] or a size like '512MiB', got {value!r}")
         number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number or a size like '512MiB', got {value!r}")
     else:
         number = float(value)
-    if not number > 0:
-        raise ValueError(f"kv_cache_memory must be > 0, got {value!r}")
+    if not number > 0 or number == float("inf"):
+        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
     return number
+
+
+def parse_bytes(value: int | str, name: str) -> int:
+    """A byte count given as a number or a size ("512MiB", "2GB"); ValueError naming `name` unless it is a whole
+    number of bytes in [1 MiB, 1 TiB]."""
+    number = parse_memory(value, name)
+    if not 2**20 <= number <= 2**40:
+        raise ValueError(f"{name} must be between 1MiB and 1TiB, got {value!r}")
+    return int(number)
 
 
 def parse_json_object(value: str | dict[str, object], name: str) -> dict[str, object]:
@@ -122,6 +133,9 @@ class CacheConfig:
         "reuse the K/V of shared prompt prefixes through the radix tree (--disable-radix-cache turns it off)"))
     kv_cache_dtype: str = field(default="auto", metadata=_help(
         "KV cache storage: auto (the model dtype) or bfloat16 (half the bytes of float32; compute stays float32)"))
+    grammar_cache_bytes: str | int = field(default="512MiB", metadata=_help(
+        "most bytes of compiled grammars (structured outputs, forced tool calls) kept for reuse, least recently "
+        "used evicted first; a grammar larger than this is refused (400). Each data-parallel replica has its own"))
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -129,8 +143,13 @@ class CacheConfig:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         parse_memory(self.kv_cache_memory)
+        parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+    @property
+    def grammar_cache_num_bytes(self) -> int:
+        return parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
 
 
 @dataclass(frozen=True)

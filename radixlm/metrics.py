@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,8 +23,12 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from radixlm.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from radixlm.structured.compile_cache import GrammarCacheStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 RECENT_SAMPLES = 2400  # engine-loop samples kept for the dashboard (minutes at a few steps a second)
@@ -110,6 +115,7 @@ class EngineMetrics:
                                              "Draft tokens accepted, by position in the draft (0 = first).",
                                              labelnames=[*labels, "position"], registry=self.registry)
         self._spec_seen = SchedulerStats(0, 0, 0.0, 0.0, 0)
+        self._label_names = labels
         self._label_values = values
         self.recent: deque[dict[str, float]] = deque(maxlen=RECENT_SAMPLES)  # for the dashboard
         self._num_generated = 0
@@ -172,9 +178,53 @@ class EngineMetrics:
                 self.spec_accepted_per_pos.labels(*self._label_values, str(position)).inc(delta)
         self._spec_seen = stats
 
+    def watch_grammar_cache(self, stats: Callable[[], GrammarCacheStats]) -> None:
+        """Expose the grammar compile cache, read when `/metrics` is rendered (it changes off the step loop)."""
+        def samples() -> list[ScrapeSample]:
+            held = stats()
+            return [ScrapeSample("gauge", "radixlm:grammar_cache_bytes",
+                                 "Bytes of compiled grammars the compile cache holds.", held.num_bytes),
+                    ScrapeSample("gauge", "radixlm:grammar_cache_budget_bytes",
+                                 "The compile cache's budget (--grammar-cache-bytes).", held.budget_bytes),
+                    ScrapeSample("gauge", "radixlm:grammar_cache_entries",
+                                 "Grammars cached (compiled, failed or compiling).", held.num_entries),
+                    ScrapeSample("counter", "radixlm:grammar_cache_evictions",
+                                 "Compiled grammars evicted to fit the budget.", held.num_evictions)]
+
+        read_on_scrape(self.registry, dict(zip(self._label_names, self._label_values, strict=True)), samples)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+@dataclass(frozen=True)
+class ScrapeSample:
+    kind: str  # "gauge" or "counter"
+    name: str
+    doc: str
+    value: float
+
+
+class _ReadOnScrape:
+    """A collector whose samples are read when the registry is rendered (state kept elsewhere, e.g. a cache)."""
+
+    def __init__(self, labels: dict[str, str], samples: Callable[[], list[ScrapeSample]]) -> None:
+        self._labels = labels
+        self._samples = samples
+
+    def collect(self) -> Iterator[Metric]:
+        for sample in self._samples():
+            kind = GaugeMetricFamily if sample.kind == "gauge" else CounterMetricFamily
+            family = kind(sample.name, sample.doc, labels=list(self._labels))
+            family.add_metric(list(self._labels.values()), sample.value)
+            yield family
+
+
+def read_on_scrape(registry: CollectorRegistry, labels: dict[str, str],
+                   samples: Callable[[], list[ScrapeSample]]) -> None:
+    """Register metrics that `samples()` reads each time `/metrics` is rendered, with these labels."""
+    registry.register(_ReadOnScrape(labels, samples))  # type: ignore[arg-type]
 
 
 class _MergedFamilies:

@@ -222,6 +222,7 @@ class AsyncEngine:
                                    prompts_per_request_limit=engine.config.scheduler.prompts_per_request_limit,
                                    structured=engine.structured, hidden_size=engine.worker_info.hidden_size)
             self.metrics.observe_scheduler(scheduler_stats(engine))
+            self.metrics.watch_grammar_cache(engine.structured.cache_stats)
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
             while self._run_once(engine):
                 pass

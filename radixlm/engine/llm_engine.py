@@ -69,7 +69,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(info.model_eos_token_ids, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
-        self.structured = StructuredOutputs(self.tokenizer, info.vocab_size, sorted(self.eos_token_ids))
+        self.structured = StructuredOutputs(self.tokenizer, info.vocab_size, sorted(self.eos_token_ids),
+                                            config.cache.grammar_cache_num_bytes)
         self.grammars = GrammarTracker(self.structured)
         self.admission = Admission(config, self.tokenizer, info.vocab_size, self.eos_token_ids)
         self._num_failed_forwards = 0  # in a row

@@ -32,7 +32,7 @@ from radixlm.config import DEFAULT_MODEL
 from radixlm.distributed.data_parallel import DataParallelEngine, replica_engine_options
 from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
-from radixlm.metrics import CONTENT_TYPE, EngineMetrics
+from radixlm.metrics import CONTENT_TYPE, EngineMetrics, ScrapeSample, read_on_scrape
 from radixlm.server.anthropic_messages import AnthropicMessages
 from radixlm.server.chat import ChatCompletions
 from radixlm.server.chat_options import ChatOptions
@@ -44,6 +44,8 @@ from radixlm.server.errors import APIError, BodySizeLimit, install_error_handler
 from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
 from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary
 from radixlm.server.openai_responses import OpenAIResponses
+from radixlm.server.openai_responses.store import DEFAULT_MAX_BYTES as DEFAULT_STORE_BYTES
+from radixlm.server.openai_responses.store import ResponseStore
 from radixlm.server.request_bodies import DetokenizeRequest, TokenizeRequest
 from radixlm.server.request_ids import RequestIdHeader
 from radixlm.server.response_bodies import DetokenizeResponse, ModelCard, ModelList, TokenizeResponse
@@ -71,13 +73,31 @@ class ServerOptions:
     log_level: str = "warning"
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     body_timeout: float = DEFAULT_BODY_TIMEOUT
+    responses_store_bytes: int = DEFAULT_STORE_BYTES
     chat: ChatOptions = field(default_factory=ChatOptions)
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None:
+            check_api_key(self.api_key)
+
+
+def check_api_key(api_key: str) -> None:
+    """Raise ValueError (naming --api-key) for a key no client could send: empty or blank (which would read as
+    "no key" and turn auth off), with whitespace at either end (stripped from the header a client sends), or with
+    anything but printable ASCII (HTTP header values cannot carry it)."""
+    if not api_key.strip():
+        raise ValueError("--api-key (or $RADIXLM_API_KEY) is empty; give a key, or omit it to serve without one")
+    if api_key != api_key.strip():
+        raise ValueError("--api-key (or $RADIXLM_API_KEY) starts or ends with whitespace, which clients' headers "
+                         "cannot carry")
+    if not (api_key.isascii() and api_key.isprintable()):
+        raise ValueError("--api-key (or $RADIXLM_API_KEY) must be printable ASCII (HTTP headers carry nothing else)")
 
 
 def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], LLMEngine]], model_name: str,
                model_path: str | None = None, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-               chat_options: ChatOptions | None = None) -> FastAPI:
+               chat_options: ChatOptions | None = None, responses_store_bytes: int = DEFAULT_STORE_BYTES) -> FastAPI:
     """A FastAPI app serving one engine, built by `engine_factory` in the engine thread at startup; a sequence of
     factories builds one engine replica each, behind a cache-aware router (data parallelism).
 
@@ -108,8 +128,10 @@ def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], L
     app.add_middleware(RequestIdHeader)  # outside the boundary: a 500 carries the id too
     app.state.async_engine = async_engine
     install_error_handlers(app)
+    store = ResponseStore(max_bytes=responses_store_bytes)
+    read_on_scrape(async_engine.metrics.registry, {"model_name": model_name}, partial(_store_samples, store))
     app.include_router(_api_router(async_engine, tokenization, model_name, model_path or model_name,
-                                   chat_options or ChatOptions()))
+                                   chat_options or ChatOptions(), store))
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
@@ -127,8 +149,15 @@ def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], L
     return app
 
 
+def _store_samples(store: ResponseStore) -> list[ScrapeSample]:
+    return [ScrapeSample("gauge", "radixlm:responses_store_bytes", "Bytes of stored /v1/responses (JSON text).",
+                         store.num_bytes),
+            ScrapeSample("gauge", "radixlm:responses_store_budget_bytes",
+                         "The response store's budget (--responses-store-bytes).", store.max_bytes)]
+
+
 def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: Tokenization, model_name: str,
-                model_path: str, chat_options: ChatOptions) -> APIRouter:
+                model_path: str, chat_options: ChatOptions, store: ResponseStore) -> APIRouter:
     router = APIRouter()
     serving = OpenAIServing(async_engine, model_name, tokenization, chat_options)
     router.add_api_route("/v1/chat/completions",
@@ -138,7 +167,7 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
                          methods=["POST"])
     router.add_api_route("/v1/embeddings", Embeddings(async_engine, model_name, tokenization).create,
                          methods=["POST"])
-    responses = OpenAIResponses(ChatCompletions(async_engine, model_name, tokenization, chat_options))
+    responses = OpenAIResponses(ChatCompletions(async_engine, model_name, tokenization, chat_options), store)
     router.add_api_route("/v1/responses", responses.create, methods=["POST"])
     router.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
     router.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
@@ -221,7 +250,8 @@ def run_server(engine_options: dict[str, object], options: ServerOptions) -> boo
         factory = [partial(build_engine, **replica_engine_options(engine_options, i)) for i in range(num_replicas)]
     app = create_app(factory, model_name, model_path=model,
                      api_key=options.api_key, max_request_bytes=options.max_request_bytes,
-                     body_timeout=options.body_timeout, chat_options=options.chat)
+                     body_timeout=options.body_timeout, chat_options=options.chat,
+                     responses_store_bytes=options.responses_store_bytes)
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level.lower(),
                             timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
                             http=HeaderTimeoutH11Protocol.with_header_timeout(options.header_timeout))

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import BaseModel
+from transformers import PreTrainedTokenizerBase
 
 from radixlm.core.scheduler import QueueFullError
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
@@ -27,11 +28,12 @@ from radixlm.server.errors import APIError
 from radixlm.server.request_bodies import ChatMessage, SamplingRequest
 from radixlm.server.response_bodies import Usage
 from radixlm.server.timings import Timings, merged, timings_of
-from radixlm.server.tokenization import Tokenization
+from radixlm.server.tokenization import Tokenization, num_text_chars
 from radixlm.structured.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 _MAX_TOKEN_ID_DIGITS = 20
+_CHARS_PER_TOKEN = 4  # a detokenize job's size, for its lane and turn: about what its text will be
 DEFAULT_KEEPALIVE_SECONDS = 15.0  # FastAPI's and sse-starlette's interval
 KEEPALIVE_FRAME = ": ping\n\n"  # an SSE comment: every client skips it
 _PARAMS = frozenset({"prompt", "messages", *SamplingRequest.model_fields})
@@ -76,14 +78,12 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _message_texts(messages: list[ChatMessage]) -> list[str]:
-    texts = []
-    for message in messages:
-        if isinstance(message.content, str):
-            texts.append(message.content)
-        elif message.content is not None:
-            texts.extend(part.text or "" for part in message.content)
-    return texts
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _decode(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> str:
+    return tokenizer.decode(token_ids)
 
 
 class OpenAIServing:
@@ -98,24 +98,28 @@ class OpenAIServing:
         self.chat_options = chat_options or ChatOptions()
         self.keepalive_seconds = keepalive_seconds
 
-    # -- tokenizer work, on the tokenizer thread ---------------------------------------------------------------
+    # -- tokenizer work, on the tokenizer lanes ----------------------------------------------------------------
     async def encode(self, info: EngineInfo, text: str, add_special_tokens: bool, param: str) -> list[int]:
         """Token ids of `text`; 400 naming `param`, without tokenizing, if it can never fit the context."""
         await self.tokenization.check_can_fit(info.tokenizer, len(text), info.max_model_len, param)
-        return await self.tokenization.run(info.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        return await self.tokenization.run(info.tokenizer, len(text), _encode, text, add_special_tokens)
 
     async def chat_prompt(self, info: EngineInfo, messages: list[ChatMessage], add_generation_prompt: bool,
                           tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
                           ) -> list[int]:
-        """The conversation's prompt ids; refused (400) before templating if its text can never fit. Templates
-        may trim each message's ends, so only the text between counts."""
-        num_chars = sum(len(text.strip()) for text in _message_texts(messages))
-        await self.tokenization.check_can_fit(info.tokenizer, num_chars, info.max_model_len, "messages")
-        return await self.tokenization.run(chat_prompt_ids, info.tokenizer, messages, add_generation_prompt, tools,
-                                           self.chat_options.template_text, template_kwargs)
+        """The conversation's prompt ids; refused (400) before templating if the text the template is given (every
+        string of the messages, the tools and the template variables) can never fit."""
+        parts = {"messages": num_text_chars([m.model_dump(exclude_none=True) for m in messages]),
+                 "tools": num_text_chars(tools), "chat_template_kwargs": num_text_chars(template_kwargs)}
+        num_chars = sum(parts.values())
+        await self.tokenization.check_can_fit(info.tokenizer, num_chars, info.max_model_len,
+                                              max(parts, key=lambda name: parts[name]))
+        return await self.tokenization.run(info.tokenizer, num_chars, chat_prompt_ids, messages,
+                                           add_generation_prompt, tools, self.chat_options.template_text,
+                                           template_kwargs)
 
     async def decode(self, info: EngineInfo, token_ids: list[int]) -> str:
-        return await self.tokenization.run(info.tokenizer.decode, token_ids)
+        return await self.tokenization.run(info.tokenizer, len(token_ids) * _CHARS_PER_TOKEN, _decode, token_ids)
 
     # -- checks ------------------------------------------------------------------------------------------------
     def ready_info(self) -> EngineInfo:

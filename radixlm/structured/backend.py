@@ -35,6 +35,9 @@ class GrammarBackend(Protocol):
     def compile(self, spec: GrammarSpec) -> object:
         """Compile `spec`; raises ValueError naming the problem. Thread-safe, called off the engine's loop."""
 
+    def memory_size(self, compiled: object) -> int:
+        """The bytes a compiled grammar holds (what the compile cache's budget counts)."""
+
     def new_matcher(self, compiled: object) -> GrammarMatcher: ...
 
     def allocate_bitmask(self, num_rows: int) -> torch.Tensor:

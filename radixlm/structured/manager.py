@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.structured.backend import GrammarBackend, GrammarMatcher
-from radixlm.structured.compile_cache import GrammarCompileCache
+from radixlm.structured.compile_cache import GrammarCacheStats, GrammarCompileCache
 from radixlm.structured.spec import GrammarSpec
 
 
@@ -17,12 +17,14 @@ class StructuredOutputs:
     """Built with the engine; the grammar backend itself is created on the first constrained request, so engines
     that never see one pay nothing (not even the import). `submit` may be called from any thread."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int],
+                 max_cache_bytes: int) -> None:
         # An own copy: the backend may be built from the server's thread while the engine thread decodes, and a
         # fast tokenizer must not be used from two threads at once.
         self._tokenizer = copy.deepcopy(tokenizer)
         self._vocab_size = vocab_size
         self._stop_token_ids = stop_token_ids
+        self._max_cache_bytes = max_cache_bytes
         self._lock = threading.Lock()
         self._cache: GrammarCompileCache | None = None
 
@@ -36,20 +38,22 @@ class StructuredOutputs:
                 from radixlm.structured.xgrammar_backend import XGrammarBackend
 
                 self._cache = GrammarCompileCache(
-                    XGrammarBackend(self._tokenizer, self._vocab_size, self._stop_token_ids))
+                    XGrammarBackend(self._tokenizer, self._vocab_size, self._stop_token_ids), self._max_cache_bytes)
             return self._cache
 
     def submit(self, spec: GrammarSpec, client: bool = False) -> Future[object]:
         """Start compiling (or find the compiled) grammar; the Future raises ValueError for a bad grammar.
         `client`: a client waits for it, and calls `release(spec)` when it stops waiting (see GrammarCompileCache)."""
-        cache = self._compile_cache()
-        with self._lock:
-            return cache.submit(spec, client)
+        return self._compile_cache().submit(spec, client)
 
     def release(self, spec: GrammarSpec) -> None:
-        cache = self._compile_cache()
+        self._compile_cache().release(spec)
+
+    def cache_stats(self) -> GrammarCacheStats:
+        """The compile cache's bytes and entries (nothing held before the first constrained request)."""
         with self._lock:
-            cache.release(spec)
+            cache = self._cache
+        return cache.stats() if cache is not None else GrammarCacheStats(0, self._max_cache_bytes, 0, 0)
 
     def new_matcher(self, compiled: object) -> GrammarMatcher:
         return self.backend.new_matcher(compiled)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.config import parse_json_object
+from radixlm.structured.schema_support import check_enforceable, check_structural_tag
 
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "choice", "structural_tag")
 
@@ -70,6 +71,7 @@ class GrammarSpec:
             _check_length(schema, MAX_SPEC_CHARS, "json_schema")
         schema = parse_json_object(schema, "json_schema")
         check_json_spec(schema, "json_schema")
+        check_enforceable(schema, "json_schema")
         text = json.dumps(schema, separators=(",", ":"))  # key order kept: properties are generated in it
         return cls("json_schema", _check_length(text, MAX_SPEC_CHARS, "json_schema"))
 
@@ -101,6 +103,7 @@ class GrammarSpec:
         if not isinstance(tag, dict) or tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
             raise ValueError('structural_tag must be {"type": "structural_tag", "format": {...}}')
         check_json_spec(tag, "structural_tag")
+        check_structural_tag(tag, "structural_tag")
         text = json.dumps(tag, separators=(",", ":"), ensure_ascii=False)
         return cls("structural_tag", _check_length(text, MAX_SPEC_CHARS, "structural_tag"))
 

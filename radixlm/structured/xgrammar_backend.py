@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import torch
@@ -47,12 +48,22 @@ class XGrammarMatcher:
 
 
 class XGrammarBackend:
-    """Compiles with one xgrammar compiler per model (it caches compiled grammars itself too)."""
+    """Compiles with one xgrammar compiler per compiling thread (the compile cache runs two), over one tokenizer
+    info. The compilers' own cache is off: `GrammarCompileCache` is the one cache of compiled grammars, so that its
+    byte budget counts everything they hold."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(build_tokenizer_info(tokenizer, vocab_size, stop_token_ids),
-                                             max_threads=1)
+        self._tokenizer_info = build_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self._per_thread = threading.local()
+
+    @property
+    def _compiler(self) -> xgr.GrammarCompiler:
+        compiler = getattr(self._per_thread, "compiler", None)
+        if compiler is None:
+            compiler = xgr.GrammarCompiler(self._tokenizer_info, max_threads=1, cache_enabled=False)
+            self._per_thread.compiler = compiler
+        return compiler
 
     def compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
         try:
@@ -70,6 +81,9 @@ class XGrammarBackend:
             return self._compiler.compile_grammar(spec.text)
         except (RuntimeError, ValueError, TypeError) as error:
             raise ValueError(f"invalid {spec.kind} grammar: {_first_line(error)}") from None
+
+    def memory_size(self, compiled: xgr.CompiledGrammar) -> int:
+        return int(compiled.memory_size_bytes)
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
         return XGrammarMatcher(xgr.GrammarMatcher(compiled))

@@ -75,6 +75,16 @@ BAD_REQUESTS = [
      ["json_schema", "schema"]),
     ("json-schema-not-compilable", chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "no-such-type"}}}), 400, "response_format", ["invalid json_schema"]),
+    ("json-schema-url-ref", chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"$ref": "http://example.com/s.json"}}}), 400, "response_format",
+     ["nothing is fetched"]),
+    ("json-schema-not", chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "integer", "not": {"const": 1}}}}), 400, "response_format", ["'not'"]),
+    ("guided-json-all-of", chat(guided_json={"allOf": [{"type": "integer"}, {"minimum": 5}]}), 400, "guided_json",
+     ["'allOf' with 2 schemas"]),
+    ("tool-schema-url-ref", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "$ref": "file:///etc/passwd"}}}], tool_choice="required"), 400, "tools.0.function.parameters",
+     ["nothing is fetched"]),
     ("regex-not-compilable", completion(regex="a(b"), 400, "regex", ["invalid regex", "parenthesis"]),
     ("ebnf-not-compilable", chat(ebnf="root ::= ( "), 400, "ebnf", ["invalid ebnf", "EBNF"]),
     ("choice-empty", chat(choice=[]), 400, "choice", ["choice", "non-empty"]),

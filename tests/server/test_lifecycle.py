@@ -3,7 +3,9 @@ SIGTERM / SIGINT, exit 1 when the model does not load, and a client disconnectin
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -108,3 +110,24 @@ def test_disconnect_mid_stream_frees_kv(server):
     assert generated < LONG_CONTEXT - 64, "the request ran to the end instead of being aborted"
     # the freed blocks serve the next request
     assert server.client().completions.create(model=model, prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("key", ["", "   ", " padded", "k\u00e9y", "tab\tkey"])
+def test_an_api_key_no_client_can_send_is_a_startup_error(key, tmp_path):
+    """An empty `--api-key` used to turn auth off silently (issue 34, row 7); the environment variable too."""
+    command = [sys.executable, "-m", "radixlm.cli", "serve", "--model", str(tmp_path / "never-read"), "--api-key", key]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--api-key" in result.stderr and "Traceback" not in result.stderr, result
+    env = {**os.environ, "RADIXLM_API_KEY": key}
+    result = subprocess.run(command[:-2], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and "RADIXLM_API_KEY" in result.stderr, result
+
+
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    ("--grammar-cache-bytes", "0", "grammar_cache_bytes"), ("--grammar-cache-bytes", "nan", "grammar_cache_bytes"),
+    ("--responses-store-bytes", "12 parsecs", "--responses-store-bytes"),
+    ("--responses-store-bytes", "1e40", "--responses-store-bytes")])
+def test_a_bad_byte_budget_is_a_startup_error(flag, value, named, tmp_path):
+    command = [sys.executable, "-m", "radixlm.cli", "serve", "--model", str(tmp_path / "never-read"), flag, value]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result

@@ -85,7 +85,10 @@ def test_compile_cache_compiles_each_spec_once_on_a_worker_thread(backend):
             threads.append(threading.current_thread().name)
             return backend.compile(spec)
 
-    cache = GrammarCompileCache(Recording())
+        def memory_size(self, compiled):
+            return backend.memory_size(compiled)
+
+    cache = GrammarCompileCache(Recording(), max_bytes=2**30)
     spec = GrammarSpec.from_json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
     same = GrammarSpec.from_json_schema('{"type": "object",\n "properties": {"x": {"type": "integer"}}}')  # spacing
     reordered = GrammarSpec.from_json_schema('{"properties": {"x": {"type": "integer"}}, "type": "object"}')
@@ -111,7 +114,10 @@ def test_a_queued_compile_that_no_client_waits_for_leaves_the_queue():
             compiled.append(spec.text)
             return spec.text
 
-    cache = GrammarCompileCache(Blocking())
+        def memory_size(self, compiled):
+            return 1
+
+    cache = GrammarCompileCache(Blocking(), max_bytes=2**30)
     running, queued, shared = (GrammarSpec.from_regex(text) for text in ("a", "b", "c"))
     first = cache.submit(running, client=True)
     assert started.wait(10)  # the one compile thread is busy with "a"

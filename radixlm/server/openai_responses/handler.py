@@ -119,8 +119,7 @@ class OpenAIResponses:
         """The finished Response object's JSON (stored unless `store` is false); the assembler is finished."""
         sequence = _sequence(result)
         reasoning = assembler.reasoning_text
-        reasoning_ids = await self.chat.tokenization.run(run.info.tokenizer.encode, reasoning,
-                                                         add_special_tokens=False) if reasoning else []
+        reasoning_ids = await self.chat.encode(run.info, reasoning, False, "reasoning") if reasoning else []
         incomplete = sequence.finish_reason == "length"
         response = draft.model_copy(update={
             "status": "incomplete" if incomplete else "completed",
