@@ -8,15 +8,38 @@ Commands (read from stdin, so a test or a file can script it): `add [key=value .
 from __future__ import annotations
 
 import cmd
-import json
+import io
 import shlex
+import sys
 from typing import IO, Any
 
 from radixlm.core.radix_cache import RadixNode
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.sampling_params import SamplingParams
+from radixlm.trace.bounded_json import loads_bounded
 
 MAX_TOKENS_SHOWN = 8
+# Bounds on what one typed line may ask for; the line is refused with an error, and the prompt goes on.
+MAX_LINE_CHARS = 2**20  # longer than any prompt that fits a context
+MAX_VALUE_DEPTH = 128  # a key=value JSON value (structured_outputs schemas stop at 100 levels themselves)
+MAX_STEPS_PER_COMMAND = 100_000
+MAX_ERROR_CHARS = 500
+
+
+class BoundedLines:
+    """A text stream's lines cut at `max_chars` + 1 characters: the rest of a longer line is read and dropped in
+    bounded pieces, so a line with no end costs bounded memory (the shell then refuses the cut line as too long)."""
+
+    def __init__(self, stream: IO[str], max_chars: int) -> None:
+        self._stream = stream
+        self._max_chars = max_chars
+
+    def readline(self) -> str:
+        line = self._stream.readline(self._max_chars + 1)
+        rest = line
+        while len(rest) >= self._max_chars and not rest.endswith("\n"):
+            rest = self._stream.readline(self._max_chars)
+        return line
 
 
 class DebugShell(cmd.Cmd):
@@ -24,7 +47,16 @@ class DebugShell(cmd.Cmd):
     prompt = "(radixlm) "
 
     def __init__(self, engine: LLMEngine, stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> None:
-        super().__init__(stdin=stdin, stdout=stdout)
+        """Reads `stdin` (default: the terminal, with line editing; or sys.stdin when that is a file or a pipe).
+        Bytes that are not UTF-8 arrive as lone surrogates (the stream is switched to surrogateescape), so the line
+        holding them is refused instead of ending the session."""
+        if stdin is None and not sys.stdin.isatty():
+            stdin = sys.stdin  # a script: read it line by line, within bounds
+        source = stdin if stdin is not None else sys.stdin
+        if isinstance(source, io.TextIOWrapper) and source.errors == "strict":
+            source.reconfigure(errors="surrogateescape")
+        super().__init__(stdin=None if stdin is None else BoundedLines(stdin, MAX_LINE_CHARS),  # type: ignore[arg-type]
+                         stdout=stdout)
         self.use_rawinput = stdin is None
         self.engine = engine
         self._next_id = 0
@@ -34,10 +66,14 @@ class DebugShell(cmd.Cmd):
         self.stdout.write(text + "\n")
 
     def onecmd(self, line: str) -> bool:
+        """Run one typed line; any problem with it (a typo, a bad value, hostile text) prints `error: ...` and the
+        session goes on."""
         try:
+            check_line(line)
             return super().onecmd(line)
-        except (ValueError, KeyError, TypeError) as error:  # a typo must not end the session
-            self._print(f"error: {error}")
+        except (ValueError, KeyError, TypeError) as error:
+            text = str(error) if str(error).isprintable() else ascii(str(error))
+            self._print(f"error: {text[:MAX_ERROR_CHARS]}{'...' if len(text) > MAX_ERROR_CHARS else ''}")
             return False
 
     def emptyline(self) -> bool:
@@ -49,17 +85,20 @@ class DebugShell(cmd.Cmd):
         options: dict[str, Any] = {}
         while words and "=" in words[0]:
             key, value = words.pop(0).split("=", 1)
-            options[key] = json.loads(value) if value[:1] in "-0123456789[{tfn\"" else value
+            options[key] = parse_value(key, value)
         if not words:
             raise ValueError("add needs a prompt")
         request_id = f"r{self._next_id}"
-        self._next_id += 1
         self.engine.add_request(request_id, " ".join(words), SamplingParams.from_dict(options))
+        self._next_id += 1  # only once added: a refused line takes no id
         self._print(f"added {request_id}")
 
     def do_step(self, arg: str) -> None:
         """step [N]: run N engine steps (default 1), printing each step's chunks and new text."""
-        for _ in range(int(arg or 1)):
+        num_steps = int(arg or 1)
+        if not 1 <= num_steps <= MAX_STEPS_PER_COMMAND:
+            raise ValueError(f"step takes a count in [1, {MAX_STEPS_PER_COMMAND}], got {num_steps}")
+        for _ in range(num_steps):
             if not self.engine.has_unfinished_requests():
                 self._print("nothing to do")
                 return
@@ -111,15 +150,14 @@ class DebugShell(cmd.Cmd):
             self._print("the radix cache is off")
             return
         self._print("root")
-        self._print_node_children(tree.root, 1)
-
-    def _print_node_children(self, node: RadixNode, depth: int) -> None:
-        for child in node.children.values():
+        stack: list[tuple[RadixNode, int]] = [(child, 1) for child in reversed(tree.root.children.values())]
+        while stack:  # depth first, iteratively: a tree grown by many nested prompts may be deeper than recursion
+            child, depth = stack.pop()
             tokens = child.token_ids[:MAX_TOKENS_SHOWN]
             more = "..." if len(child.token_ids) > MAX_TOKENS_SHOWN else ""
             self._print(f"{'  ' * depth}[{child.start}, {child.end}) {len(child.token_ids)} tokens {tokens}{more} "
                         f"blocks {child.block_ids} lock {child.lock_ref} last access {child.last_access}")
-            self._print_node_children(child, depth + 1)
+            stack.extend((grandchild, depth + 1) for grandchild in reversed(child.children.values()))
 
     def do_request(self, arg: str) -> None:
         """request ID: a live request's state, or a finished one's text."""
@@ -139,3 +177,26 @@ class DebugShell(cmd.Cmd):
         return True
 
     do_EOF = do_quit
+
+
+def check_line(line: str) -> None:
+    """Refuse a line before any command reads it: longer than MAX_LINE_CHARS, or not valid text (lone surrogates:
+    bytes that were not UTF-8, which no tokenizer or terminal can take)."""
+    if len(line) > MAX_LINE_CHARS:
+        raise ValueError(f"the line is longer than {MAX_LINE_CHARS} characters")
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"the line is not valid UTF-8 text (column {error.start + 1})") from None
+
+
+def parse_value(key: str, value: str) -> Any:
+    """A key=value option's value: JSON when it looks like JSON (a number, a list, an object, true / false / null, a
+    quoted string), within bounds (finite numbers, bounded nesting); otherwise the text itself."""
+    if value[:1] not in "-0123456789[{tfn\"":
+        return value
+    try:
+        return loads_bounded(value, MAX_VALUE_DEPTH)
+    except ValueError as error:
+        raise ValueError(f"{key}: the value {error}") from None

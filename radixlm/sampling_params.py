@@ -16,6 +16,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_TOKEN_ID_LIST = 4096  # logit_bias entries, stop_token_ids
+MAX_SEQUENCES = 4096  # n, best_of: the engine caps them lower (--max-sequences-per-request, --max-num-seqs)
+MAX_TOKEN_COUNT = 2**31 - 1  # max_tokens, min_tokens, top_k: no context or vocabulary comes near
 # Temperatures below this are greedy (vLLM's rule): dividing float32 logits by a smaller one overflows to inf.
 MIN_SAMPLING_TEMPERATURE = 1e-5
 
@@ -101,17 +103,17 @@ class SamplingParams:
 
     # -- validation --------------------------------------------------------------------------------------------
     def _check_counts(self) -> None:
-        _require_int("n", self.n, low=1)
+        _require_int("n", self.n, low=1, high=MAX_SEQUENCES)
         if self.best_of is not None:
-            _require_int("best_of", self.best_of, low=1)
+            _require_int("best_of", self.best_of, low=1, high=MAX_SEQUENCES)
             if self.best_of < self.n:
                 raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
         if self.max_tokens is not None:
-            _require_int("max_tokens", self.max_tokens, low=1)
-        _require_int("min_tokens", self.min_tokens, low=0)
+            _require_int("max_tokens", self.max_tokens, low=1, high=MAX_TOKEN_COUNT)
+        _require_int("min_tokens", self.min_tokens, low=0, high=MAX_TOKEN_COUNT)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        _require_int("top_k", self.top_k, low=0, note=" (0 or -1 disables it)")
+        _require_int("top_k", self.top_k, low=0, high=MAX_TOKEN_COUNT, note=" (0 or -1 disables it)")
         if self.seed is not None:
             _require_int("seed", self.seed, low=-(2**63), high=2**64 - 1)
         for name in ("logprobs", "prompt_logprobs"):
@@ -233,7 +235,10 @@ def _iterate(name: str, value: object) -> Iterable[object]:
 def _require_int(name: str, value: object, low: int, high: int | None = None, note: str = "") -> None:
     if not _is_int(value) or value < low or (high is not None and value > high):  # type: ignore[operator]
         allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be an integer {allowed}{note}, got {value!r}")
+        # repr of a huge int is slow, or refused past Python's digit limit
+        shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 128 \
+            else repr(value)
+        raise ValueError(f"{name} must be an integer {allowed}{note}, got {shown}")
 
 
 def _require_float(name: str, value: object, low: float, high: float | None = None, low_open: bool = False,

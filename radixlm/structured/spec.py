@@ -58,8 +58,12 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
             raise ValueError(f"structured output kind must be one of {GRAMMAR_KINDS}, got {self.kind!r}")
+        if not isinstance(self.text, str):
+            raise ValueError(f"{self.kind} grammar text must be a string, got {type(self.text).__name__}")
         if self.kind != "json_object" and not self.text:
             raise ValueError(f"{self.kind} needs a non-empty grammar")
+        # A spec built directly (e.g. from a SamplingParams dict) gets the limits the `from_*` helpers apply.
+        _check_length(self.text, MAX_GRAMMAR_CHARS if self.kind in ("regex", "ebnf") else MAX_SPEC_CHARS, self.kind)
 
     @classmethod
     def json_object(cls) -> GrammarSpec:

@@ -1,4 +1,8 @@
-"""`radixlm replay TRACE [scheduler flags]` and `radixlm trace show|export`."""
+"""`radixlm replay TRACE [scheduler flags]` and `radixlm trace show|export`.
+
+A trace is validated when it is loaded and the what-if flags before they are used; every problem raises TraceError
+(a ValueError), which `radixlm`'s main prints as one line before exiting with status 2.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ def _cmd_replay(args: argparse.Namespace) -> None:
     overrides = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in WHAT_IF_FLAGS}
     overrides = {name: value for name, value in overrides.items() if value is not None}
     if overrides:
+        from radixlm.trace.trace_file import check_what_if_overrides
+
+        check_what_if_overrides(trace.config, trace.of("arrival"), overrides)
         _what_if(trace, overrides)
         return
     num_matched, divergence = replay(trace)
@@ -49,9 +56,10 @@ def _cmd_show(args: argparse.Namespace) -> None:
 def _cmd_export(args: argparse.Namespace) -> None:
     from radixlm.trace.replay import Trace
     from radixlm.trace.timeline import export_chrome
+    from radixlm.trace.trace_file import display_path
 
     export_chrome(Trace.load(args.trace), args.chrome)
-    print(f"wrote {args.chrome} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    print(f"wrote {display_path(args.chrome)} (open it in https://ui.perfetto.dev or chrome://tracing)")
 
 
 def add_trace_commands(commands: Any) -> None:

@@ -30,8 +30,7 @@ from radixlm.core.step import SchedulerOutput
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.parent_request import ParentRequest
 from radixlm.request import Request
-
-TRACE_VERSION = 1
+from radixlm.trace.trace_fields import TRACE_VERSION
 
 
 def prompt_hash(token_ids: list[int]) -> str:

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,22 +21,38 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
+from radixlm.trace.trace_fields import TraceError
+from radixlm.trace.trace_file import load_trace_file
+from radixlm.trace.trace_refs import check_recorded_drafts, check_recorded_tokens
 
 
 @dataclass
 class Trace:
     config: dict[str, Any]
     events: list[dict[str, Any]]
+    source: str = "trace"  # the file, as error messages name it
+    line_numbers: list[int] = field(default_factory=list)  # each event's line in the file
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        lines = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not lines or lines[0].get("event") != "config":
-            raise ValueError(f"{path} is not a radixlm trace (its first line must be the config event)")
-        return cls(lines[0], lines[1:])
+        """Read and validate a trace file (`trace_file.py`): a file that is missing, too large, not UTF-8 JSON
+        lines, or whose events have missing, mistyped, out-of-range or dangling fields raises TraceError (a
+        ValueError) naming the file, the line, the event and the field."""
+        loaded = load_trace_file(path)
+        return cls(loaded.config, loaded.events, loaded.source, loaded.line_numbers)
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["event"] == kind]
+
+    @contextlib.contextmanager
+    def blame(self, index: int) -> Iterator[None]:
+        """Turn what the scheduler refuses while event `index` replays (ValueError; RuntimeError: an illegal state
+        change) into a TraceError naming the event's file and line: the trace contradicts itself there."""
+        try:
+            yield
+        except (ValueError, RuntimeError) as error:
+            line = self.line_numbers[index] if self.line_numbers else index + 2  # built in memory: one a line
+            raise TraceError(f"{self.source} line {line} ({self.events[index]['event']} event): {error}") from None
 
 
 @dataclass
@@ -95,29 +113,33 @@ def chunk_view(output: SchedulerOutput) -> dict[str, Any]:
 
 
 def replay(trace: Trace) -> tuple[int, Divergence | None]:
-    """Replay every recorded step; returns the number of steps that matched and the first divergence."""
+    """Replay every recorded step; returns the number of steps that matched and the first divergence. An event the
+    replay cannot apply (it contradicts what the scheduler holds) raises TraceError naming its line."""
     state = ReplayState.build(trace.config)
     scheduler = state.scheduler
     num_matched = 0
-    for event in trace.events:
-        kind = event["event"]
-        if kind == "arrival":
-            first = state.arrive(event)
-            if event["queued"]:
-                scheduler.add_request(first, check_queue_limit=False)
-        elif kind == "queued":
-            scheduler.add_request(state.requests[event["request_id"]], check_queue_limit=False)
-        elif kind == "abort":
-            state.abort(event["request_id"])
-        elif kind == "step":
-            for seq_id, drafts in event.get("drafts", {}).items():  # proposed before the step was scheduled
-                state.requests[seq_id].draft_token_ids = drafts
-            output = scheduler.schedule()
-            recorded = {"chunks": event["chunks"], "preempted": event["preempted"]}
-            if chunk_view(output) != recorded:
-                return num_matched, Divergence(event["step"], recorded, chunk_view(output))
-            apply_recorded_tokens(state, output, event)
-            num_matched += 1
+    for index, event in enumerate(trace.events):
+        with trace.blame(index):
+            kind = event["event"]
+            if kind == "arrival":
+                first = state.arrive(event)
+                if event["queued"]:
+                    scheduler.add_request(first, check_queue_limit=False)
+            elif kind == "queued":
+                scheduler.add_request(state.requests[event["request_id"]], check_queue_limit=False)
+            elif kind == "abort":
+                state.abort(event["request_id"])
+            elif kind == "step":
+                check_recorded_drafts(scheduler, event)
+                for seq_id, drafts in event.get("drafts", {}).items():  # proposed before the step was scheduled
+                    state.requests[seq_id].draft_token_ids = drafts
+                output = scheduler.schedule()
+                recorded = {"chunks": event["chunks"], "preempted": event["preempted"]}
+                if chunk_view(output) != recorded:
+                    return num_matched, Divergence(event["step"], recorded, chunk_view(output))
+                check_recorded_tokens(scheduler, state.requests, output, event)
+                apply_recorded_tokens(state, output, event)
+                num_matched += 1
     return num_matched, None
 
 

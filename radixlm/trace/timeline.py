@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from radixlm.trace.replay import Trace
+from radixlm.trace.trace_fields import TraceError, shown
+from radixlm.trace.trace_file import display_path
 
 
 def step_seconds(step: dict[str, Any]) -> float:
@@ -30,11 +32,21 @@ def request_timeline(trace: Trace, request_id: str) -> list[str]:
             first_token_seen = first_token_seen or any(s[0] == request_id for s in event["sampled"])
         elif kind == "finish" and event["request_id"] == request_id:
             lines.append(f"{time:10.4f}  finished: {event['reasons']} after {event['output_tokens']} tokens, "
-                         f"TTFT {event['ttft']:.4f} s, e2e {event['e2e']:.4f} s" + (
-                             f", error {event['error']}" if event["error"] else ""))
+                         f"TTFT {_seconds(event['ttft'])}, e2e {_seconds(event['e2e'])}" + (
+                             f", error {_printable(event['error'])}" if event["error"] else ""))
     if not lines:
-        raise ValueError(f"request {request_id!r} is not in the trace")
+        raise TraceError(f"request {shown(request_id)} is not in {trace.source}")
     return lines
+
+
+def _printable(text: str) -> str:
+    """Recorded text as one printable line: escaped if it holds a newline or a terminal control character."""
+    return text if text.isprintable() else ascii(text)
+
+
+def _seconds(value: float | None) -> str:
+    """A recorded duration; None where there was none (the TTFT of a request aborted before its first token)."""
+    return "-" if value is None else f"{value:.4f} s"
 
 
 def _step_lines(step: dict[str, Any], sequences: tuple[str, str], first_token_seen: bool) -> list[str]:
@@ -46,7 +58,7 @@ def _step_lines(step: dict[str, Any], sequences: tuple[str, str], first_token_se
             hit = f" (cache hit: {step['cache_hits'][seq_id]} tokens)" if seq_id in step["cache_hits"] else ""
             lines.append(f"{time:10.4f}  step {index}: {seq_id} {what}{hit}")
     reasons = step.get("preemption_reasons") or [""] * len(step["preempted"])
-    lines += [f"{time:10.4f}  step {index}: {seq_id} preempted ({reason})"
+    lines += [f"{time:10.4f}  step {index}: {seq_id} preempted ({_printable(reason)})"
               for seq_id, reason in zip(step["preempted"], reasons, strict=True) if mine(seq_id)]
     lines += [f"{time:10.4f}  step {index}: {child} forked from {parent}" for parent, child, _ in step["forks"]
               if mine(parent)]
@@ -92,4 +104,10 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
 
 
 def export_chrome(trace: Trace, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(chrome_trace(trace)), encoding="utf-8")
+    """Write `chrome_trace(trace)` to `path`; a path that cannot be written raises TraceError naming it."""
+    text = json.dumps(chrome_trace(trace))
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except (OSError, ValueError) as error:  # ValueError: a path with a NUL character
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise TraceError(f"cannot write {display_path(path)}: {reason}") from None

@@ -21,6 +21,8 @@ BAD_VALUES = [
     ("logit_bias", {"5_0": 1.0}), ("logit_bias", {"+5": 1.0}), ("logit_bias", {" 5 ": 1.0}),
     ("structured_outputs", 5), ("structured_outputs", {"regex": "a+", "choice": ["b"]}),
     ("structured_outputs", {"json": "{oops"}), ("structured_outputs", {"xml": "<a/>"}),
+    # sizes a client controls are capped here too, not only by the engine (issue 34: a trace's n of 10^9)
+    ("n", 10**9), ("best_of", 4097), ("max_tokens", 2**31), ("min_tokens", 10**40), ("top_k", 10**400),
 ]
 
 
@@ -86,3 +88,12 @@ def test_to_dict_drops_defaults_and_round_trips_exactly(params):
 def test_from_dict_names_an_unknown_key():
     with pytest.raises(ValueError, match="temprature"):
         SamplingParams.from_dict({"temprature": 0.5})
+
+
+@pytest.mark.parametrize("spec", [{"kind": "regex", "text": 5}, {"kind": "regex", "text": "a" * 20_000},
+                                  {"kind": "json_schema", "text": "x" * 300_000}])
+def test_from_dict_checks_a_grammar_spec_like_the_helpers_do(spec):
+    """`to_dict` writes a grammar as its spec (kind, text): read back from a hand-edited trace, it gets the limits
+    `GrammarSpec.from_*` apply to a client's grammar."""
+    with pytest.raises(ValueError, match=r"grammar text must be a string|characters long"):
+        SamplingParams.from_dict({"structured_outputs": spec})
