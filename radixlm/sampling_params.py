@@ -17,7 +17,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_TOKEN_ID_LIST = 4096  # logit_bias entries, stop_token_ids
 MAX_SEQUENCES = 4096  # n, best_of: the engine caps them lower (--max-sequences-per-request, --max-num-seqs)
-MAX_TOKEN_COUNT = 2**31 - 1  # max_tokens, min_tokens, top_k: no context or vocabulary comes near
+MAX_TOKEN_COUNT = 2**31 - 1  # max_tokens, min_tokens: no context comes near
 # Temperatures below this are greedy (vLLM's rule): dividing float32 logits by a smaller one overflows to inf.
 MIN_SAMPLING_TEMPERATURE = 1e-5
 
@@ -113,7 +113,7 @@ class SamplingParams:
         _require_int("min_tokens", self.min_tokens, low=0, high=MAX_TOKEN_COUNT)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
-        _require_int("top_k", self.top_k, low=0, high=MAX_TOKEN_COUNT, note=" (0 or -1 disables it)")
+        _require_int("top_k", self.top_k, low=0, note=" (0 or -1 disables it; beyond the vocabulary: all of it)")
         if self.seed is not None:
             _require_int("seed", self.seed, low=-(2**63), high=2**64 - 1)
         for name in ("logprobs", "prompt_logprobs"):

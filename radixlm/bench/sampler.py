@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from radixlm.core.step import ModelRunnerOutput
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.request import Request
 from radixlm.sample.sampler import Sampler
@@ -80,8 +81,9 @@ def bench_sampler(engine_options: dict, num_requests: int, prompt_len: int, num_
             if name == "all transforms":
                 last_tokens = sampled.token_ids  # type: ignore[attr-defined]
         forward_times.append(forward)
-        scheduler.update_from_output(output, {request_id: [token] for request_id, token in
-                                              zip(output.sampling_request_ids, last_tokens, strict=True)})
+        sampling = output.sampling_request_ids
+        scheduler.update_from_output(output, ModelRunnerOutput(list(sampling), [[t] for t in last_tokens],
+                                                               [None] * len(sampling)))
         for copies in variant_requests.values():  # keep the variants' views in step with the real requests
             for copy, request in zip(copies, requests, strict=True):
                 copy.all_token_ids, copy.num_tokens = request.all_token_ids, request.num_tokens

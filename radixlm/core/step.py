@@ -1,8 +1,13 @@
 """The step contract: what the engine core sends the model worker each step, and what comes back. Plain data.
 
-One step is `SchedulerOutput` in, `ModelRunnerOutput` out, and nothing else crosses: a worker in another process
-needs only these two to pickle (`radixlm/worker/process.py`). The worker keeps its own state per request (token
-ids, sampling parameters and random stream, block table), created when a request first appears (`NewRequestData`,
+One step is `SchedulerOutput` in, `ModelRunnerOutput` out: the scheduler alone builds the first (frozen), and
+`Scheduler.update_from_output` applies the whole second inside the core, returning a `RequestUpdate` per request
+with news for the output processor. Beside the step travels only the grammar bitmask of its constrained rows
+(`radixlm/structured/bitmask.py`), so that this module stays plain data: a worker in another process needs only
+these to pickle (`radixlm/worker/process.py`); a failure crosses as data too (`RequestError`).
+
+The worker keeps its own state per request (token ids, sampling parameters and random stream, block table),
+created when a request first appears (`NewRequestData`,
 or `ForkedRequest` for sequences 1.. of n > 1) and updated by deltas: each `ScheduledChunk` carries only the tokens
 it computes and the blocks added since the worker last saw the request; requests that left (finished, aborted,
 failed, preempted) are named once and forgotten. So a running decode costs a few dozen bytes a step.
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.pooling_params import PoolingParams
-from radixlm.request import Request
+from radixlm.request import Request, RequestStatus
 
 
 @dataclass(slots=True)
@@ -90,21 +95,10 @@ class ForkedRequest:
     block_copies: list[tuple[int, int, int]]
 
 
-@dataclass(slots=True)
-class GrammarBitmask:
-    """Allowed next tokens of the constrained sampling rows: row i of `bitmask` (int32 words, bit j of word w is
-    token 32 * w + j, set when allowed; a torch tensor) is the mask of sampling row `row_offsets[i]` of
-    `request_ids[i]` (0: its first; j: after its first j drafts). Rows without a mask are not constrained."""
-
-    request_ids: list[str]
-    bitmask: Any
-    row_offsets: list[int]
-
-
-@dataclass
+@dataclass(frozen=True)
 class SchedulerOutput:
-    """One step's work: the chunks to run (decodes first), what the scheduler did on the way, and what the worker
-    applies besides (KV block copies, forks, prompt-logprob positions, grammar masks)."""
+    """One step's work, decided by the scheduler alone: the chunks to run (decodes first), what it did on the way,
+    and what the worker applies besides (KV block copies, forks of n > 1 sequences, prompt-logprob positions)."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     new_requests: list[NewRequestData] = field(default_factory=list)
@@ -115,7 +109,6 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_tokens) before the forward
     forks: list[ForkedRequest] = field(default_factory=list)
     prompt_logprob_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (first, end)
-    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -149,6 +142,23 @@ class TokenLogprobs:
     top_logprobs: list[float]
 
 
+@dataclass(frozen=True, slots=True)
+class RequestError:
+    """An exception that belongs to one request, as data (it crosses process boundaries and is never re-raised):
+    where it happened, its type's name and its message."""
+
+    phase: str
+    error_type: str
+    message: str
+
+    @classmethod
+    def of(cls, phase: str, error: BaseException) -> RequestError:
+        return cls(phase, type(error).__name__, str(error))
+
+    def __str__(self) -> str:
+        return f"{self.phase} failed: {self.error_type}: {self.message}"
+
+
 @dataclass
 class ModelRunnerOutput:
     """What one step produced. Per request of `SchedulerOutput.sampling_request_ids` (same order): its new tokens
@@ -156,15 +166,40 @@ class ModelRunnerOutput:
     positions asked for; the vector of each request of `SchedulerOutput.pooling_request_ids` (its pooled final
     hidden states, L2-normalized, as plain floats so that it pickles small and framework-free); and the exception
     of each request whose own work failed (sampling, prompt logprobs, pooling): that request fails alone, its
-    tokens are not used."""
+    tokens are not used (the worker logged its traceback)."""
 
     request_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     embeddings: dict[str, list[float]] = field(default_factory=dict)  # request id -> its vector
-    errors: dict[str, tuple[str, BaseException]] = field(default_factory=dict)  # id -> (phase, exception)
+    errors: dict[str, RequestError] = field(default_factory=dict)
 
     def tokens_by_request(self) -> dict[str, list[int]]:
         return {rid: tokens for rid, tokens in zip(self.request_ids, self.sampled_token_ids, strict=True)
                 if rid not in self.errors}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate:
+    """What changed for one sequence in the core, for the output processor: the tokens it kept (after token stops
+    and its grammar's end) with their logprobs, prompt logprobs of the positions computed (None where the prefix
+    cache supplied them), an embedding's vector, and how it ended, if it did (`error`: why it failed)."""
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    embedding: list[float] | None = None
+    status: RequestStatus | None = None  # a finished status once it ended, else None
+    stop_reason: int | str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextStop:
+    """A stop string the output processor found: the sequence keeps `num_output_tokens` tokens, then finishes."""
+
+    request_id: str
+    num_output_tokens: int
+    stop_string: str

@@ -18,6 +18,7 @@ from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.distributed.group import RankInfo, broadcast_object, join_group, leave_group
 from radixlm.model.device import resolve_device
+from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.worker.process import WorkerDiedError
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
@@ -44,12 +45,12 @@ class DriverWorker:
     def info(self) -> WorkerInfo:
         return self.worker.info()
 
-    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None) -> ModelRunnerOutput:
         """The step's output; WorkerDiedError when a collective fails (a peer rank is gone, maybe on another node:
         the group cannot run another step), so the engine stops instead of counting a failed forward."""
         try:
-            broadcast_object(step)
-            return self.worker.execute_model(step)
+            broadcast_object((step, grammar_bitmask))
+            return self.worker.execute_model(step, grammar_bitmask)
         except Exception as error:
             if not _is_collective_error(error):
                 raise
@@ -72,11 +73,11 @@ def run_follower(info: RankInfo, model_dir: Path, model_config: ModelConfig, cac
     """A follower rank's process: steps from the driver until it broadcasts None."""
     worker = _load(info, model_dir, model_config, cache_config)
     while True:
-        step = broadcast_object(None)
-        if step is None:
+        work = broadcast_object(None)
+        if work is None:
             break
         try:
-            worker.execute_model(step)  # type: ignore[arg-type]
+            worker.execute_model(*work)  # type: ignore[misc]
         except Exception:  # the driver fails the same forward and reports it; keep in step with it
             logger.exception("tensor-parallel rank %d: the forward failed", info.rank)
     leave_group()

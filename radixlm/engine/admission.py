@@ -99,8 +99,7 @@ class Admission:
             children.append(RequestState(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
                                       [] if params.logprobs is not None else None))
         return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
-                             children, unforked=children[1:],
-                             prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
+                             children, prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
 
     def _pooling_parent(self, request_id: str, prompt: str | Seq[int], params: PoolingParams, priority: int,
                         arrival_time: float | None) -> ParentRequest:
@@ -111,4 +110,4 @@ class Admission:
                           pooling_params=params)
         state = RequestState(0, request, TextStream(self.tokenizer, prompt_token_ids, POOLING_SAMPLING_PARAMS), None)
         return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids,
-                             POOLING_SAMPLING_PARAMS, [state], unforked=[])
+                             POOLING_SAMPLING_PARAMS, [state])

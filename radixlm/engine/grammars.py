@@ -18,10 +18,9 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from radixlm.core.step import GrammarBitmask
 from radixlm.engine.parent_request import ParentRequest
-from radixlm.request import Request
 from radixlm.structured.backend import GrammarMatcher
+from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.structured.manager import StructuredOutputs
 
 logger = logging.getLogger(__name__)
@@ -36,7 +35,6 @@ class GrammarTracker:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
-
 
     def submit(self, parent: ParentRequest) -> bool:
         """Start compiling the parent's grammar; True if it is ready now (matchers attached). Raises the compile's
@@ -107,15 +105,15 @@ class GrammarTracker:
             matcher.rollback(num_accepted)
         return [(request_id, j) for j in range(num_accepted + 1)]
 
-    def accept(self, request: Request, token_ids: list[int] | None = None) -> int | None:
-        """Feed the request's new tokens (default: its newest) to its matcher, in order; returns how many were
-        taken when its grammar terminated (or refused one), else None."""
-        matcher = self._matchers.get(request.request_id)
+    def accept(self, request_id: str, token_ids: list[int]) -> int | None:
+        """Feed a sequence's new tokens to its matcher, in order; returns how many were taken when its grammar
+        terminated (or refused one), else None (also without a grammar). The core's `GrammarAcceptor`."""
+        matcher = self._matchers.get(request_id)
         if matcher is None:
             return None
-        for count, token_id in enumerate(token_ids if token_ids is not None else [request.last_token_id], 1):
+        for count, token_id in enumerate(token_ids, 1):
             if not matcher.accept_token(token_id):
-                logger.warning("request %s: token %d is outside its grammar", request.request_id, token_id)
+                logger.warning("request %s: token %d is outside its grammar", request_id, token_id)
                 return count
             if matcher.is_terminated():
                 return count

@@ -3,10 +3,12 @@
 The engine is single-threaded: callers (the offline LLM, the async server wrapper) own the loop and call
 `add_request`, `abort_request` and `step` from one thread.
 
-A step: the scheduler picks the chunks (`SchedulerOutput`, see `radixlm/core/step.py`); the engine adds what the
-worker must apply besides (forks of n > 1 sequences, prompt-logprob positions, grammar masks); the model worker runs
-it and returns the new tokens (`ModelRunnerOutput`); the scheduler advances token progress and applies token stops;
-the output processor turns the new tokens into text, stop strings, logprobs and `RequestOutput`s.
+A step (`step`): the scheduler builds the step (`SchedulerOutput`, see `radixlm/core/step.py`: chunks, forks of
+n > 1 sequences, prompt-logprob positions); the grammar tracker masks the constrained rows (sent beside it); the
+model worker runs it and returns the new tokens (`ModelRunnerOutput`); the scheduler applies the whole result
+(token progress, token stops, grammars' ends, failures) and returns each sequence's news (`RequestUpdate`); the
+output processor turns them into text, logprobs and `RequestOutput`s, and the stop strings it finds go back to the
+scheduler. Every change to a request happens in the core.
 
 A user's request is a `ParentRequest` (`engine/parent_request.py`); each of its n sequences is one core `Request`
 (a child request). With n > 1 (or best_of) child 0 computes the prompt, and in the step where it samples its first
@@ -29,11 +31,11 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.config import EngineConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
-from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
+from radixlm.core.step import ModelRunnerOutput, RequestError, RequestUpdate, SchedulerOutput
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
-from radixlm.engine.logprobs import LogprobFormatter, prompt_logits_positions
-from radixlm.engine.output_processor import OutputProcessor, TokenEvent
+from radixlm.engine.logprobs import LogprobFormatter
+from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.outputs import RequestOutput
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
@@ -41,6 +43,7 @@ from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.spec.drafter import NgramDrafter
+from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder
 from radixlm.worker.process import WorkerDiedError, WorkerProcess
@@ -53,7 +56,13 @@ MAX_FORWARD_FAILURES = 3
 
 
 class LLMEngine:
-    """Owns the tokenizer, model runner, scheduler and sampler of one model."""
+    """Owns the tokenizer, model runner, scheduler and sampler of one model.
+
+    Fault isolation: an exception that belongs to one request (its sampling row, prompt logprobs, grammar, text)
+    ends that request alone with finish_reason "error"; one in the forward ends the requests of the batch. The
+    others go on. Anything else (the scheduler, the invariants, `MAX_FORWARD_FAILURES` forwards failing in a row: a
+    broken device) raises from `step`: the engine cannot go on.
+    """
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -65,13 +74,13 @@ class LLMEngine:
                                            info.max_position_embeddings)
         kv_cache_manager = KVCacheManager(info.num_kv_blocks, config.cache.block_size,
                                           config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len)
         self.eos_token_ids = eos_token_ids(info.model_eos_token_ids, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
         self.structured = StructuredOutputs(self.tokenizer, info.vocab_size, sorted(self.eos_token_ids),
                                             config.cache.grammar_cache_num_bytes)
         self.grammars = GrammarTracker(self.structured)
+        self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len, grammar=self.grammars)
         self.admission = Admission(config, self.tokenizer, info.vocab_size, self.eos_token_ids)
         self._num_failed_forwards = 0  # in a row
         self.num_steps = 0  # steps that ran a forward (or tried to)
@@ -79,7 +88,7 @@ class LLMEngine:
         self.last_step_seconds = 0.0
         self.tracer = TraceRecorder(config.scheduler.trace, config, info.num_kv_blocks,
                                     self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
-        self.output_processor = OutputProcessor(self.scheduler, self.grammars, self.logprob_formatter, self.tracer)
+        self.output_processor = OutputProcessor(self.grammars, self.logprob_formatter, self.tracer)
         speculative = config.scheduler.speculative
         self.drafter = NgramDrafter(speculative) if speculative is not None else None
 
@@ -113,10 +122,9 @@ class LLMEngine:
         parent = self.admission.build_parent(request_id, prompt, params, priority, arrival_time)
         parent.metadata, parent.on_finish = dict(metadata) if metadata else None, on_finish
         first = parent.first.request
-        self.scheduler.check_admissible(first, num_pending=self.grammars.num_waiting)
+        self.scheduler.check_admissible(first)  # before its grammar is compiled
         queued = pools or params.structured_outputs is None or self.grammars.submit(parent)
-        if queued:
-            self.scheduler.add_request(first)
+        self.scheduler.add_request(first, [state.request for state in parent.children[1:]], held=not queued)
         if self.tracer is not None:
             self.tracer.arrival(parent, queued, self.num_steps)
         book.add(parent)
@@ -145,12 +153,12 @@ class LLMEngine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort every live sequence of a request; returns its final output, or None if it was not live."""
-        parent = self.output_processor.parents.get(request_id)
-        if parent is None:
+        if request_id not in self.output_processor.parents:
             return None
         if self.tracer is not None:
             self.tracer.abort(request_id, self.num_steps)
-        return self.output_processor.end_parent(parent, RequestStatus.FINISHED_ABORTED)
+        self._record(self.scheduler.finish_group(request_id, RequestStatus.FINISHED_ABORTED))
+        return self.output_processor.take_output(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.output_processor.parents)
@@ -158,130 +166,97 @@ class LLMEngine:
     # -- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduling step; returns an output for every request that has news (see `engine/outputs.py`).
-
-        Fault isolation: an exception that belongs to one request (its sampling row, prompt logprobs, grammar, text)
-        ends that request alone with finish_reason "error"; one in the forward ends the requests of the batch.
-        The others go on. Anything else (the scheduler, the invariants, `MAX_FORWARD_FAILURES` forwards failing in
-        a row: a broken device) raises: the engine cannot go on.
-        """
-        started = time.perf_counter()
-        failed = self._admit_compiled_grammars()
-        if self.drafter is not None:
-            self.drafter.propose(self.scheduler.running)
-        scheduler_output = self.scheduler.schedule()
+        Fault isolation: see the class docstring."""
+        marks = [time.perf_counter()]
+        self._release_compiled_grammars()
+        scheduler_output = self.scheduler.schedule(self.drafter.propose(self.scheduler.running)
+                                                   if self.drafter is not None else None)
         if scheduler_output.is_empty:
             if self.grammars.num_waiting:
                 self.grammars.wait(timeout=0.05)  # nothing else to do: don't spin
-            return failed
+            return self.output_processor.take_outputs()
         self.last_scheduler_output = scheduler_output
-        self._prepare(scheduler_output, failed)
-        scheduled = [self.scheduler.requests[request_id] for request_id in
-                     [c.request_id for c in scheduler_output.chunks] + [f.child_id for f in scheduler_output.forks]
-                     if request_id in self.scheduler.requests] if self.tracer else []
-        scheduled_at = time.perf_counter()
-        runner_output = self._execute(scheduler_output, failed)
-        forwarded_at = time.perf_counter()
-        events = self._update(scheduler_output, runner_output, failed) if runner_output is not None else []
-        updated_at = time.perf_counter()
-        outputs = failed + self.output_processor.outputs(self.output_processor.record_tokens(events, failed))
-        self.last_step_seconds = time.perf_counter() - started
-        if self.tracer is not None:
-            marks = (started, scheduled_at, forwarded_at, updated_at, time.perf_counter())
-            self.tracer.step(self.num_steps, marks, scheduler_output, scheduled,
-                             [(e.request.request_id, e.token_ids) for e in events],
-                             self.scheduler, forward_failed=runner_output is None)
-        self.num_steps += 1
+        scheduled = self._scheduled_requests(scheduler_output) if self.tracer is not None else []
+        bitmask = self._grammar_bitmask(scheduler_output)
+        marks.append(time.perf_counter())
+        runner_output = self._execute(scheduler_output, bitmask)
+        marks.append(time.perf_counter())
+        updates = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._record(updates)
+        marks.append(time.perf_counter())
+        outputs = self.output_processor.take_outputs()
+        self._trace_step(marks, scheduler_output, scheduled, updates)
         return outputs
 
-    def _prepare(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> None:
-        """Add what the worker applies besides the chunks: n > 1 forks, prompt-logprob positions, grammar masks."""
-        for parent, child in self.output_processor.take_forks(scheduler_output):
-            self.scheduler.fork_request(parent, child, scheduler_output)
-        scheduler_output.prompt_logprob_positions = prompt_logits_positions(scheduler_output,
-                                                                            self.output_processor.states)
+    def _record(self, updates: list[RequestUpdate]) -> None:
+        """The core's news to the output processor; the stop strings it finds, and the requests whose text work
+        raised, back to the core (whose resulting ends come back here)."""
+        stops, failures = self.output_processor.record(updates)
+        self.scheduler.apply_stops(stops)
+        if failures:
+            self._record(self.scheduler.fail_groups(failures))
+
+    def _grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarBitmask | None:
+        """The masks of this step's constrained rows; a sequence whose matcher raises fails (its row is left out)."""
         drafts = {c.request_id: c.token_ids[c.num_tokens - c.num_draft_tokens:]
                   for c in scheduler_output.chunks if c.num_draft_tokens}
-        scheduler_output.grammar_bitmask = self.grammars.bitmask(
-            scheduler_output.sampling_request_ids, drafts,
-            lambda request_id, error: self.output_processor.fail_request(request_id, error, "the grammar", failed))
+        errors: dict[str, str] = {}
+        bitmask = self.grammars.bitmask(scheduler_output.sampling_request_ids, drafts, lambda request_id, error:
+                                        errors.setdefault(request_id, str(RequestError.of("the grammar", error))))
+        self._record(self.scheduler.fail_groups(errors))
+        return bitmask
 
-    def _execute(self, scheduler_output: SchedulerOutput, failed: list[RequestOutput]) -> ModelRunnerOutput | None:
-        """The worker's step; if it raises, every request of the batch fails (None is returned)."""
+    def _execute(self, scheduler_output: SchedulerOutput, bitmask: GrammarBitmask | None) -> ModelRunnerOutput:
+        """The worker's step. If it raises, every request of the batch fails, and the result is empty."""
         try:
-            result = self.worker.execute_model(scheduler_output)
+            result = self.worker.execute_model(scheduler_output, bitmask)
         except WorkerDiedError:
             raise  # not this batch's fault: no worker is left to run another
         except Exception as error:
             self._num_failed_forwards += 1
             if self._num_failed_forwards >= MAX_FORWARD_FAILURES:
                 raise RuntimeError(f"{MAX_FORWARD_FAILURES} forward passes failed in a row") from error
-            for request_id in scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]:
-                self.output_processor.fail_request(request_id, error, "the forward pass", failed)
+            logger.error("the forward pass failed", exc_info=error)
+            failed = str(RequestError.of("the forward pass", error))
+            request_ids = scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]
+            self._record(self.scheduler.fail_groups(dict.fromkeys(request_ids, failed)))
             self.check_invariants()
-            return None
+            return ModelRunnerOutput()
         self._num_failed_forwards = 0
+        if self.drafter is not None:
+            self.drafter.record(scheduler_output, result.tokens_by_request())
         return result
 
-    def _update(self, scheduler_output: SchedulerOutput, result: ModelRunnerOutput,
-                failed: list[RequestOutput]) -> list[TokenEvent]:
-        """Fail the requests whose own work failed, advance the scheduler, feed the grammars; returns the new
-        tokens of every sequence that received some."""
-        book = self.output_processor
-        for request_id, (phase, error) in result.errors.items():
-            book.fail_request(request_id, error, phase, failed)
-        book.record_prompt_logprobs(scheduler_output.prompt_logprob_positions, result.prompt_logprobs, failed)
-        book.record_embeddings(scheduler_output.pooling_request_ids, result.embeddings, failed)
-        token_ids = result.tokens_by_request()
-        if self.drafter is not None:
-            self.drafter.record(scheduler_output, token_ids)
-        updated = self.scheduler.update_from_output(scheduler_output, token_ids)
-        logprobs = dict(zip(result.request_ids, result.logprobs, strict=True))
-        events = []
-        for request, num_new in updated:
-            if request.request_id in book.states and request.pooling_params is not None:
-                events.append(TokenEvent(request, [], None))  # finished with its vector, no token
-            elif request.request_id in book.states:
-                num_outputs = request.num_output_tokens
-                if not book.guarded([book.parent_of(request.request_id)], "the grammar", failed,
-                                     self._accept_grammar, request, num_new):
-                    continue
-                num_new -= num_outputs - request.num_output_tokens  # the grammar may have ended it earlier
-                entries = logprobs[request.request_id]
-                events.append(TokenEvent(request, request.output_token_ids[-num_new:],
-                                         entries[:num_new] if entries is not None else None))
-        return [e for e in events if e.request.request_id in book.states]
-
-    def _accept_grammar(self, request: Request, num_new: int) -> None:
-        """Feed the new tokens to the request's grammar; a grammar that ends drops the tokens after its end."""
-        if num_new == 1:
-            num_taken = self.grammars.accept(request)
-        else:
-            num_taken = self.grammars.accept(request, request.output_token_ids[-num_new:])
-        if num_taken is None:
-            return
-        if num_taken < num_new and not request.is_finished:
-            request.truncate_output(request.num_output_tokens - num_new + num_taken)
-        if not request.is_finished:
-            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
-
-    def _admit_compiled_grammars(self) -> list[RequestOutput]:
-        """Schedule the requests whose grammar compiled since the last step; fail those whose grammar failed."""
+    def _release_compiled_grammars(self) -> None:
+        """Queue the requests whose grammar compiled since the last step; fail those whose grammar failed."""
         if not self.grammars.num_waiting:
-            return []
+            return
         ready, failed_compiles = self.grammars.take_compiled()
         for parent in ready:  # admitted against the queue limit when added
-            self.scheduler.add_request(parent.first.request, check_queue_limit=False)
+            self.scheduler.release(parent.request_id)
             if self.tracer is not None:
                 self.tracer.queued(parent.request_id, self.num_steps)
-        failed: list[RequestOutput] = []
-        for parent, error in failed_compiles:
-            self.output_processor.fail(parent, error, "compiling the grammar", failed)
-        return failed
+        self._record(self.scheduler.fail_groups({parent.request_id: str(RequestError.of("compiling the grammar", error))
+                                                 for parent, error in failed_compiles}))
+
+    def _scheduled_requests(self, scheduler_output: SchedulerOutput) -> list[Request]:
+        """The sequences of this step's chunks and forks (for the trace)."""
+        ids = [c.request_id for c in scheduler_output.chunks] + [f.child_id for f in scheduler_output.forks]
+        return [self.scheduler.requests[request_id] for request_id in ids if request_id in self.scheduler.requests]
+
+    def _trace_step(self, marks: list[float], scheduler_output: SchedulerOutput, scheduled: list[Request],
+                    updates: list[RequestUpdate]) -> None:
+        self.last_step_seconds = time.perf_counter() - marks[0]
+        if self.tracer is not None:
+            self.tracer.step(self.num_steps, (*marks, time.perf_counter()), scheduler_output, scheduled,
+                             [(u.request_id, u.new_token_ids) for u in updates if u.new_token_ids],
+                             self.scheduler, forward_failed=self._num_failed_forwards > 0)
+        self.num_steps += 1
 
     # -- stats -------------------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
         self.scheduler.check_invariants()
-        self.output_processor.check_invariants()
+        self.output_processor.check_invariants(self.scheduler.is_live)
 
     def check_health(self) -> None:
         """Raise WorkerDiedError if the worker runs in other processes and one of them has exited."""

@@ -82,7 +82,6 @@ class ParentRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     children: list[RequestState]
-    unforked: list[RequestState]  # sequences 1.. until sequence 0 samples its first token
     prompt_logprobs: list[PositionLogprobs | None] | None = None  # grows as prompt positions are computed
     changed: set[int] = field(default_factory=set)  # indices of sequences with news since the last output
     error: str | None = None  # why the request failed (its sequences finished with "error")

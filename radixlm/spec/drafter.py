@@ -46,9 +46,11 @@ class NgramDrafter:
         self.stats = SpecDecodingStats(num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
         self._requests: dict[str, _RequestDrafts] = {}
 
-    def propose(self, running: Iterable[Request]) -> None:
-        """Set `draft_token_ids` of every running request at its last token (never of a pooling request)."""
+    def propose(self, running: Iterable[Request]) -> dict[str, list[int]]:
+        """Drafts for every running request at its last token (never for a pooling request), by request id: the
+        scheduler verifies them in the next step where its budget allows."""
         live: dict[str, _RequestDrafts] = {}
+        drafts: dict[str, list[int]] = {}
         for request in running:
             state = self._requests.get(request.request_id) or _RequestDrafts(self.config.num_speculative_tokens)
             live[request.request_id] = state
@@ -56,9 +58,10 @@ class NgramDrafter:
                     or request.num_output_tokens == 0 or state.num_tokens == 0
                     or request.pooling_params is not None):  # an embedding samples nothing to verify
                 continue
-            request.draft_token_ids = find_draft(request.all_token_ids, state.num_tokens,
-                                                 self.config.prompt_lookup_max, self.config.prompt_lookup_min)
+            drafts[request.request_id] = find_draft(request.all_token_ids, state.num_tokens,
+                                                    self.config.prompt_lookup_max, self.config.prompt_lookup_min)
         self._requests = live  # ended requests are forgotten
+        return drafts
 
     def record(self, scheduler_output: SchedulerOutput, token_ids: dict[str, list[int]]) -> None:
         """Learn from the verified chunks: `token_ids[request_id]` are the tokens each request kept."""

@@ -18,7 +18,7 @@ from typing import Any
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
-from radixlm.core.step import SchedulerOutput
+from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.trace.trace_fields import TraceError
@@ -63,6 +63,7 @@ class ReplayState:
     eos_token_ids: frozenset[int]
     requests: dict[str, Request] = field(default_factory=dict)  # sequence id -> request
     parents: dict[str, list[str]] = field(default_factory=dict)  # user request id -> its sequence ids
+    group_of: dict[str, str] = field(default_factory=dict)  # sequence id -> its user request id
 
     @classmethod
     def build(cls, config: dict[str, Any], **overrides: Any) -> ReplayState:
@@ -73,8 +74,9 @@ class ReplayState:
                               min(config["max_model_len"], num_blocks * config["block_size"]))
         return cls(scheduler, frozenset(config["eos_token_ids"]))
 
-    def arrive(self, event: dict[str, Any], arrival_time: float | None = None) -> Request:
-        """Build the request's sequences; returns the first (queued by the caller when it is)."""
+    def arrive(self, event: dict[str, Any], arrival_time: float | None = None, held: bool | None = None) -> Request:
+        """Build the request's sequences and give them to the scheduler, `held` (default: as recorded, when it
+        arrived with its grammar compiling) until its `queued` event; returns the first."""
         params = SamplingParams.from_dict(event["params"])
         ids = [child_request_id(event["request_id"], i) for i in range(params.num_sequences)]
         for seq_id in ids:
@@ -82,18 +84,24 @@ class ReplayState:
                                             arrival_order=len(self.parents), priority=event["priority"],
                                             arrival_time=arrival_time)
         self.parents[event["request_id"]] = ids
-        return self.requests[ids[0]]
+        self.group_of.update(dict.fromkeys(ids, event["request_id"]))
+        first = self.requests[ids[0]]
+        self.scheduler.add_request(first, [self.requests[seq_id] for seq_id in ids[1:]],
+                                   held=not event["queued"] if held is None else held, check_queue_limit=False)
+        return first
 
     def end(self, seq_id: str, status: RequestStatus) -> None:
-        request = self.requests.get(seq_id)
-        if request is not None and seq_id in self.scheduler.requests:
-            self.scheduler.finish_request(request, status)
-        elif request is not None and not request.is_finished:
-            request.transition(status)  # never queued (an unforked sequence, a grammar still compiling)
+        """A recorded end the engine decided (a stop string, a grammar's end, a failure, an abort), applied through
+        the scheduler; nothing if the replayed core ended the sequence already."""
+        if not self.scheduler.is_live(seq_id):
+            return
+        if status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
+            self.scheduler.finish_group(self.group_of[seq_id], status)
+        else:
+            self.scheduler.finish_request(self.requests[seq_id], status)
 
     def abort(self, request_id: str) -> None:
-        for seq_id in self.parents.get(request_id, []):
-            self.end(seq_id, RequestStatus.FINISHED_ABORTED)
+        self.scheduler.finish_group(request_id, RequestStatus.FINISHED_ABORTED)
 
 
 @dataclass
@@ -109,7 +117,8 @@ class Divergence:
 
 def chunk_view(output: SchedulerOutput) -> dict[str, Any]:
     return {"chunks": [[c.request_id, c.start_position, c.num_tokens] for c in output.chunks],
-            "preempted": list(output.preempted_request_ids)}
+            "preempted": list(output.preempted_request_ids),
+            "forks": [[fork.parent_id, fork.child_id] for fork in output.forks]}
 
 
 def replay(trace: Trace) -> tuple[int, Divergence | None]:
@@ -122,43 +131,35 @@ def replay(trace: Trace) -> tuple[int, Divergence | None]:
         with trace.blame(index):
             kind = event["event"]
             if kind == "arrival":
-                first = state.arrive(event)
-                if event["queued"]:
-                    scheduler.add_request(first, check_queue_limit=False)
+                state.arrive(event)
             elif kind == "queued":
-                scheduler.add_request(state.requests[event["request_id"]], check_queue_limit=False)
+                scheduler.release(event["request_id"])
             elif kind == "abort":
                 state.abort(event["request_id"])
             elif kind == "step":
                 check_recorded_drafts(scheduler, event)
-                for seq_id, drafts in event.get("drafts", {}).items():  # proposed before the step was scheduled
-                    state.requests[seq_id].draft_token_ids = drafts
-                output = scheduler.schedule()
-                recorded = {"chunks": event["chunks"], "preempted": event["preempted"]}
+                output = scheduler.schedule(event.get("drafts", {}))  # proposed before the step was scheduled
+                recorded = {"chunks": event["chunks"], "preempted": event["preempted"],
+                            "forks": [[parent, child] for parent, child, _ in event["forks"]]}
                 if chunk_view(output) != recorded:
                     return num_matched, Divergence(event["step"], recorded, chunk_view(output))
-                check_recorded_tokens(scheduler, state.requests, output, event)
+                check_recorded_tokens(output, event)
                 apply_recorded_tokens(state, output, event)
                 num_matched += 1
     return num_matched, None
 
 
 def apply_recorded_tokens(state: ReplayState, output: SchedulerOutput, event: dict[str, Any]) -> None:
-    """What the engine did after the forward of a recorded step: forks, sampled tokens, engine-side ends."""
-    scheduler = state.scheduler
+    """The recorded step's result through the core's own update path: the sampled tokens (the core applies token
+    stops, forks' first tokens, progress), the failures, then the ends the engine decided after it."""
     ended = {seq_id: RequestStatus[status] for seq_id, status in event["ended"]}
     tokens: dict[str, list[int]] = {}
     for seq_id, token in event["sampled"]:
         tokens.setdefault(seq_id, []).append(token)
-    for parent, child, _ in event["forks"]:
-        scheduler.fork_request(state.requests[parent], state.requests[child], output)
-    if event.get("forward_failed"):
-        for seq_id, status in ended.items():
-            state.end(seq_id, status)
-        return
-    for seq_id, status in ended.items():  # failed in sampling: ended before the tokens were appended
-        if status is RequestStatus.FINISHED_ERROR and seq_id not in tokens:
-            state.end(seq_id, status)
-    scheduler.update_from_output(output, tokens)
+    failed = RequestError("the recorded step", "RecordedFailure", "failed when it was recorded")
+    errors = {seq_id: failed for seq_id, status in ended.items()
+              if status is RequestStatus.FINISHED_ERROR and (event.get("forward_failed") or seq_id not in tokens)}
+    state.scheduler.update_from_output(output, ModelRunnerOutput(list(tokens), list(tokens.values()),
+                                                                 [None] * len(tokens), errors=errors))
     for seq_id, status in ended.items():
         state.end(seq_id, status)

@@ -131,6 +131,9 @@ def check_params(value: object, limits: TraceLimits) -> SamplingParams:
     try:
         params = SamplingParams.from_dict(values)
     except (TypeError, ValueError) as error:
+        field_name = str(error).split(" ", 1)[0]  # SamplingParams names the field first
+        if field_name in SamplingParams.__dataclass_fields__:
+            raise FieldError(f"params.{field_name}", str(error).split(" ", 1)[1]) from None
         raise FieldError("params", f"are not valid sampling parameters: {error}") from None
     if params.num_sequences > limits.max_sequences_per_request:
         name = "params.best_of" if params.best_of is not None else "params.n"

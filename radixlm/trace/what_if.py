@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from radixlm.core.step import SchedulerOutput
+from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.request import RequestStatus
 from radixlm.trace.replay import ReplayState, Trace
 
@@ -92,7 +92,7 @@ def simulate(trace: Trace, model: CostModel, **overrides: Any) -> RunMetrics:
     while next_arrival < len(arrivals) or scheduler.has_unfinished_requests():
         while next_arrival < len(arrivals) and arrivals[next_arrival]["time"] <= clock:
             event = arrivals[next_arrival]
-            scheduler.add_request(state.arrive(event, arrival_time=event["time"]), check_queue_limit=False)
+            state.arrive(event, arrival_time=event["time"], held=False)
             next_arrival += 1
         for request_id, abort_time in list(aborts.items()):
             if abort_time <= clock:
@@ -125,23 +125,16 @@ def _recorded_sequences(trace: Trace) -> dict[str, tuple[list[int], RequestStatu
 def _stand_in_tokens(state: ReplayState, output: SchedulerOutput,
                      recorded: dict[str, tuple[list[int], RequestStatus]], token_times: dict[str, list[float]],
                      now: float) -> None:
-    """The engine's work after a forward, with recorded tokens: fork n > 1 sequences at their first token, append
-    one token per sampling sequence, end each where its recording ended."""
-    scheduler = state.scheduler
-    sampling = [state.requests[rid] for rid in output.sampling_request_ids]
-    children = []
-    for parent in sampling:
-        if parent.num_output_tokens == 0 and parent.request_id in state.parents:  # sequence 0's first token
-            for child_id in state.parents[parent.request_id][1:]:
-                if not state.requests[child_id].is_finished:
-                    scheduler.fork_request(parent, state.requests[child_id], output)
-                    children.append(state.requests[child_id])
-    scheduler.update_from_output(output, {r.request_id: [_next_token(recorded, r)] for r in sampling + children})
-    for request in sampling + children:
-        token_times.setdefault(request.request_id, []).append(now)
-        tokens, status = recorded.get(request.request_id, ([], RequestStatus.FINISHED_LENGTH))
-        if request.request_id in scheduler.requests and request.num_output_tokens >= len(tokens):
-            scheduler.finish_request(request, status)
+    """A stand-in for the forward: one recorded token per sampling sequence (forked ones included) through the
+    core's update path; each sequence ends where its recording ended."""
+    sampling = output.sampling_request_ids
+    tokens = [[_next_token(recorded, state.requests[request_id])] for request_id in sampling]
+    state.scheduler.update_from_output(output, ModelRunnerOutput(list(sampling), tokens, [None] * len(tokens)))
+    for request_id in sampling:
+        token_times.setdefault(request_id, []).append(now)
+        recorded_tokens, status = recorded.get(request_id, ([], RequestStatus.FINISHED_LENGTH))
+        if state.requests[request_id].num_output_tokens >= len(recorded_tokens):
+            state.end(request_id, status)
 
 
 def _next_token(recorded: dict[str, tuple[list[int], RequestStatus]], request: Any) -> int:

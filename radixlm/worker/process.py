@@ -1,8 +1,9 @@
 """WorkerProcess: a `ModelWorker` in a child process, fed pickled steps over a pipe.
 
-The engine sees the same interface (`info()`, `execute_model(step)`): each step's `SchedulerOutput` is pickled and
-sent, the `ModelRunnerOutput` comes back pickled. Nothing else crosses, which is what a worker on another device
-or host needs too. An exception in the child's step comes back and is raised in the engine (the forward failed).
+The engine sees the same interface (`info()`, `execute_model(step, grammar_bitmask)`): each step's `SchedulerOutput`
+(with the grammar bitmask beside it) is pickled and sent, the `ModelRunnerOutput` comes back pickled. Nothing else
+crosses, which is what a worker on another device or host needs too. An exception in the child's step comes back
+and is raised in the engine (the forward failed).
 
 A child that dies is noticed while the engine waits for it: `WorkerDiedError` (the engine cannot go on), never a
 hang. `check_health()` lets an idle engine notice it too. Subclasses watch more processes (tensor-parallel ranks).
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
+from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 POLL_SECONDS = 0.2  # how often a waiting engine checks that its processes are alive
@@ -33,7 +35,8 @@ class WorkerDiedError(RuntimeError):
 class StepWorker(Protocol):
     def info(self) -> WorkerInfo: ...
 
-    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput: ...
+    def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None,
+                      ) -> ModelRunnerOutput: ...
 
 
 class _Failed:
@@ -69,7 +72,7 @@ def _answer_steps(connection: Connection, worker: StepWorker) -> None:
         if not data:
             return
         try:
-            reply: object = worker.execute_model(pickle.loads(data))
+            reply: object = worker.execute_model(*pickle.loads(data))
         except Exception as error:
             reply = _Failed(error)
         try:
@@ -98,9 +101,9 @@ class WorkerProcess:
     def info(self) -> WorkerInfo:
         return self._info
 
-    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None) -> ModelRunnerOutput:
         self.check_health()
-        data = pickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((step, grammar_bitmask), protocol=pickle.HIGHEST_PROTOCOL)
         self.last_step_bytes = len(data)
         try:
             self._connection.send_bytes(data)

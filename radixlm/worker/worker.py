@@ -11,6 +11,7 @@ when the engine names it finished.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +19,17 @@ from pathlib import Path
 import torch
 
 from radixlm.config import CacheConfig, ModelConfig
-from radixlm.core.step import GrammarBitmask, ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput, TokenLogprobs
 from radixlm.model.pooling import embedding_of
 from radixlm.model.runner import ModelRunner
 from radixlm.sample.bitmask import apply_token_bitmask_
 from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import prompt_logprobs
 from radixlm.sample.sampler import Sampler, SamplerOutput
+from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.worker.request_state import WorkerRequest
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,9 @@ class ModelWorker:
                           shape.max_position_embeddings, frozenset(eos), shape.hidden_size)
 
     @torch.inference_mode()
-    def execute_model(self, step: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None) -> ModelRunnerOutput:
+        """Run one step; `grammar_bitmask` masks its constrained rows. A request whose own work fails (sampling,
+        pooling, prompt logprobs) is named in the output's `errors` (its traceback logged here)."""
         self._update_states(step)
         kv_cache = self.runner.kv_cache
         if step.block_copies:
@@ -88,9 +94,10 @@ class ModelWorker:
         if step.forks:
             logits = logits[torch.tensor(list(range(len(logits))) +
                                          [parent_rows[fork.parent_id] for fork in step.forks])]
-        sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(step.grammar_bitmask))
+        sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(grammar_bitmask))
         output = ModelRunnerOutput()
-        output.errors = {rows[row].request_id: ("sampling", error) for row, error in row_errors.items()}
+        output.errors = {rows[row].request_id: _request_error("sampling", rows[row].request_id, error)
+                         for row, error in row_errors.items()}
         self._keep_tokens(step, sampled, output)
         self._prompt_logprobs(step, result.prompt_logits, output)
         self._keep_pooled(step, result.pooled, output)
@@ -146,7 +153,7 @@ class ModelWorker:
                 if chunk.pools:
                     output.embeddings[chunk.request_id] = _embedding(request)
             except Exception as error:
-                output.errors.setdefault(chunk.request_id, ("pooling", error))
+                output.errors.setdefault(chunk.request_id, _request_error("pooling", chunk.request_id, error))
 
     def _prompt_logprobs(self, step: SchedulerOutput, logits: dict[str, torch.Tensor],
                          output: ModelRunnerOutput) -> None:
@@ -157,9 +164,15 @@ class ModelWorker:
                     logits[request_id], request.all_token_ids[first + 1:end + 1],
                     request.sampling_params.prompt_logprobs or 0)
             except Exception as error:
-                output.errors.setdefault(request_id, ("prompt logprobs", error))
+                output.errors.setdefault(request_id, _request_error("prompt logprobs", request_id, error))
                 continue
             output.prompt_logprobs[request_id] = entries
+
+
+def _request_error(phase: str, request_id: str, error: BaseException) -> RequestError:
+    """A request's own failure as data for the engine, its traceback logged here (it does not cross processes)."""
+    logger.error("request %s: %s failed", request_id, phase, exc_info=error)
+    return RequestError.of(phase, error)
 
 
 def _embedding(request: WorkerRequest) -> list[float]:

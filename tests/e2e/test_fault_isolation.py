@@ -95,10 +95,11 @@ def test_a_failing_grammar_fails_its_request_alone(model, baseline):
     engine = build_engine(model=model, **ENGINE)
     accept = engine.grammars.accept
 
-    def accept_or_fail(request):
-        if request.request_id.startswith("victim") and request.num_output_tokens == 2:
+    def accept_or_fail(request_id, token_ids):
+        request = engine.scheduler.requests.get(request_id)
+        if request_id.startswith("victim") and request is not None and request.num_output_tokens == 2:
             raise RuntimeError("injected: the matcher")
-        return accept(request)
+        return accept(request_id, token_ids)
 
     engine.grammars.accept = accept_or_fail
     finished = run(engine, REQUESTS)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
-from radixlm.core.step import SchedulerOutput
+from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 
@@ -22,9 +24,19 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority
                    eos_token_ids=frozenset({EOS}), arrival_order=order, priority=priority)
 
 
+def runner_output(output: SchedulerOutput, tokens: Mapping[str, list[int]] | None = None,
+                  token_id: int = 7) -> ModelRunnerOutput:
+    """A stand-in worker's result: `tokens` per request (default: `token_id` for each sampling request), and a
+    vector for each pooling request."""
+    if tokens is None:
+        tokens = {request_id: [token_id] for request_id in output.sampling_request_ids}
+    return ModelRunnerOutput(list(tokens), [list(t) for t in tokens.values()], [None] * len(tokens),
+                             embeddings={request_id: [1.0] for request_id in output.pooling_request_ids})
+
+
 def step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
     output = scheduler.schedule()
-    scheduler.update_from_output(output, {request_id: [token_id] for request_id in output.sampling_request_ids})
+    scheduler.update_from_output(output, runner_output(output, token_id=token_id))
     scheduler.check_invariants()
     return output
 

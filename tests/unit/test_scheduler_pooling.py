@@ -10,7 +10,7 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from radixlm.request import Request, RequestStatus
 from radixlm.spec.drafter import NgramDrafter
-from unit.fake_engine import chunk_sizes, make_request, make_scheduler, step
+from unit.fake_engine import chunk_sizes, make_request, make_scheduler, runner_output, step
 
 
 def pooling_request(request_id: str, token_ids: list[int], pooling_type: str = "last", order: int = 0,
@@ -40,7 +40,9 @@ def test_update_reports_the_finished_pooling_request_with_no_token():
     request = pooling_request("e", [10, 11, 12])
     scheduler.add_request(request)
     output = scheduler.schedule()
-    assert scheduler.update_from_output(output, {}) == [(request, 0)]
+    updates = scheduler.update_from_output(output, runner_output(output, {}))
+    assert [(u.request_id, u.new_token_ids, u.status, u.embedding) for u in updates] == [
+        ("e", [], RequestStatus.FINISHED_STOPPED, [1.0])]
     assert request.status is RequestStatus.FINISHED_STOPPED and request.status.finish_reason == "stop"
     assert request.num_output_tokens == 0 and request.num_computed_tokens == 3
 

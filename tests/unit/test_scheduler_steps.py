@@ -8,7 +8,7 @@ from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
 from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
-from unit.fake_engine import step
+from unit.fake_engine import runner_output, step
 
 
 def make(num_blocks=64, max_model_len=512, **config):
@@ -69,8 +69,8 @@ def test_drafts_are_scheduled_after_the_last_token_and_rejected_ones_are_trimmed
     assert chunk.token_ids == [7, 8, 9, 1, 2, 3] and chunk.num_sampled == 6 and chunk.start_position == 6
     assert len(a.block_table) == 3  # positions 0..11
     # The worker accepted drafts 8 and 9 and then sampled 5 where the draft said 1.
-    updated = scheduler.update_from_output(output, {"a": [8, 9, 5]})
-    assert updated == [(a, 3)] and a.output_token_ids == [7, 8, 9, 5]
+    updated = scheduler.update_from_output(output, runner_output(output, {"a": [8, 9, 5]}))
+    assert [(u.request_id, len(u.new_token_ids)) for u in updated] == [("a", 3)] and a.output_token_ids == [7, 8, 9, 5]
     assert a.num_computed_tokens == 9 and a.num_tokens == 10  # 7, 8, 9 computed; 5 is next
     assert len(a.block_table) == 3 and a.draft_token_ids == []
     tree = scheduler.kv_cache_manager.radix_cache
@@ -79,7 +79,7 @@ def test_drafts_are_scheduled_after_the_last_token_and_rejected_ones_are_trimmed
     a.draft_token_ids = [4] * 12  # blocks 3..5 taken, then freed when all but one are rejected
     output = scheduler.schedule()
     assert output.chunks[0].num_tokens == 13 and len(a.block_table) == 6
-    scheduler.update_from_output(output, {"a": [4, 6]})
+    scheduler.update_from_output(output, runner_output(output, {"a": [4, 6]}))
     assert a.num_computed_tokens == 11 and len(a.block_table) == 3  # 12 tokens: 3 blocks
     scheduler.check_invariants()
     following = scheduler.schedule()
@@ -95,7 +95,7 @@ def test_drafts_never_pass_max_tokens_or_the_context():
     a.draft_token_ids = [1, 2, 3, 4, 5]
     output = scheduler.schedule()
     assert output.chunks[0].num_sampled == 3  # 1 token out, 3 more at most: 2 drafts + 1
-    scheduler.update_from_output(output, {"a": [1, 2, 9]})
+    scheduler.update_from_output(output, runner_output(output, {"a": [1, 2, 9]}))
     assert a.is_finished and a.output_token_ids[-1] == 9 and a.num_output_tokens == 4
 
 
@@ -106,7 +106,8 @@ def test_a_token_stop_inside_a_verified_run_drops_the_tokens_after_it():
     step(scheduler)
     a.draft_token_ids = [5, 2, 6]
     output = scheduler.schedule()
-    assert scheduler.update_from_output(output, {"a": [5, 2, 6, 8]}) == [(a, 2)]
+    updates = scheduler.update_from_output(output, runner_output(output, {"a": [5, 2, 6, 8]}))
+    assert [(u.request_id, len(u.new_token_ids)) for u in updates] == [("a", 2)]
     assert a.is_finished and a.output_token_ids == [7, 5, 2]
     scheduler.check_invariants()
 

@@ -14,7 +14,7 @@ from radixlm.spec.drafter import NgramDrafter
 from radixlm.spec.ngram import find_draft
 from radixlm.worker.request_state import WorkerRequest
 from radixlm.worker.worker import accepted_length
-from unit.fake_engine import step
+from unit.fake_engine import runner_output, step
 
 
 def test_find_draft_continues_the_latest_occurrence_of_the_longest_ngram():
@@ -91,7 +91,7 @@ def test_drafts_never_take_a_decodes_token_and_back_off_before_preemption():
         request.draft_token_ids = [1, 2, 3]
     output = scheduler.schedule()
     assert sorted(c.num_tokens for c in output.chunks) == [1, 1, 2]  # one spare token of the budget for drafts
-    scheduler.update_from_output(output, {c.request_id: [9] for c in output.chunks})
+    scheduler.update_from_output(output, runner_output(output, {c.request_id: [9] for c in output.chunks}))
     tight = Scheduler(SchedulerConfig(), KVCacheManager(2, 4), 512)
     tight.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
     step(tight)
@@ -107,13 +107,12 @@ def test_the_drafter_adapts_each_request_and_stops_one_that_never_hits():
     step(scheduler, token_id=2)
     request = scheduler.running[0]
     for _ in range(12):
-        drafter.propose(scheduler.running)
-        output = scheduler.schedule()
+        output = scheduler.schedule(drafter.propose(scheduler.running))
         drafts = output.chunks[0].num_draft_tokens
         draft = output.chunks[0].token_ids[1:2]
         kept = {"r": [2 if draft == [1] else 1]}  # the model never agrees, yet the text keeps repeating
         drafter.record(output, kept)
-        scheduler.update_from_output(output, kept)
+        scheduler.update_from_output(output, runner_output(output, kept))
         if not drafts:
             break
     assert request.draft_token_ids == [] and drafter.stats.num_accepted_tokens == 0

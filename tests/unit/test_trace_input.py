@@ -166,10 +166,6 @@ STATIC = [
     pytest.param(lambda events: events.insert(0, events.pop(1)) or 0, "must be config", id="config-not-first"),
 ]
 REPLAYED = [  # each event is well formed, but contradicts what the replay's scheduler holds at that point
-    pytest.param(set_field("step", ("forks",), [["forked", "forked#1", 6]], lambda e: e["chunks"][-1][0] == "forked"
-                           and e["chunks"][-1][1] == 0), "samples no token", id="fork-from-a-prefill-chunk"),
-    pytest.param(set_field("step", ("forks",), [["forked", "forked#1", 6]], decodes("forked")), "started already",
-                 id="fork-twice"),
     pytest.param(set_field("step", ("sampled",), [["r0", 5], ["r0", 6]], decodes("r0")), "gets 2 tokens",
                  id="two-tokens-from-one-row"),
     pytest.param(set_field("step", ("drafts",), {"r0": [5]}), "not running", id="drafts-of-a-waiting-sequence"),
@@ -213,6 +209,20 @@ def test_a_trace_that_contradicts_its_replay_is_a_named_error(recorded, tmp_path
     message = str(caught.value)
     assert message.startswith(f"{tmp_path / 'bad.jsonl'} line {index + 1} (step event): ") and expected in message
     assert "\n" not in message and expected in cli_refusal(capsys, "replay", str(tmp_path / "bad.jsonl"))
+
+
+@pytest.mark.parametrize("mutate", [
+    set_field("step", ("forks",), [["forked", "forked#1", 6]], lambda e: e["chunks"][-1][0] == "forked"
+              and e["chunks"][-1][1] == 0),
+    set_field("step", ("forks",), [["forked", "forked#1", 6]], decodes("forked"))], ids=["early", "twice"])
+def test_a_fork_the_scheduler_does_not_make_is_a_divergence(recorded, tmp_path, mutate):
+    """Forks are the scheduler's decisions (it owns the sequences of a request): one recorded where the replayed
+    scheduler makes none is a divergence at that step, like a chunk it does not schedule."""
+    events = copy.deepcopy(recorded)
+    mutate(events)
+    write(tmp_path / "bad.jsonl", events)
+    _, divergence = replay(Trace.load(tmp_path / "bad.jsonl"))
+    assert divergence is not None and '"forks": [["forked", "forked#1"]]' in str(divergence)
 
 
 def test_show_and_export_refuse_a_corrupted_trace_too(recorded, tmp_path, capsys):
