@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.config import POOLING_TYPES
+from radixlm.errors import ParamError
 from radixlm.sampling_params import SamplingParams
 
 
@@ -24,7 +25,7 @@ class PoolingParams:
 
     def __post_init__(self) -> None:
         if self.pooling_type is not None and self.pooling_type not in POOLING_TYPES:
-            raise ValueError(f"pooling_type must be one of {POOLING_TYPES} or None (the engine's --pooling), "
+            raise ParamError("pooling_type", f"must be one of {POOLING_TYPES} or None (the engine's --pooling), "
                              f"got {self.pooling_type!r}")
 
     @property

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from radixlm.errors import ParamError
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
@@ -94,7 +95,7 @@ class Request:
                  arrival_time: float | None = None, sampling_seed: int = 0,
                  pooling_params: PoolingParams | None = None) -> None:
         if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
+            raise ParamError("prompt", "must contain at least one token")
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.pooling_params = pooling_params

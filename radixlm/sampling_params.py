@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from radixlm.errors import ParamError
 from radixlm.structured.spec import GrammarSpec
 
 MAX_LOGPROBS = 20
@@ -107,12 +108,12 @@ class SamplingParams:
         if self.best_of is not None:
             _require_int("best_of", self.best_of, low=1, high=MAX_SEQUENCES)
             if self.best_of < self.n:
-                raise ValueError(f"best_of must be >= n ({self.n}), got {self.best_of}")
+                raise ParamError("best_of", f"must be >= n ({self.n}), got {self.best_of}")
         if self.max_tokens is not None:
             _require_int("max_tokens", self.max_tokens, low=1, high=MAX_TOKEN_COUNT)
         _require_int("min_tokens", self.min_tokens, low=0, high=MAX_TOKEN_COUNT)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
+            raise ParamError("min_tokens", f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         _require_int("top_k", self.top_k, low=0, note=" (0 or -1 disables it; beyond the vocabulary: all of it)")
         if self.seed is not None:
             _require_int("seed", self.seed, low=-(2**63), high=2**64 - 1)
@@ -123,7 +124,7 @@ class SamplingParams:
         for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens",
                      "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+                raise ParamError(name, f"must be a boolean, got {getattr(self, name)!r}")
 
     def _check_floats(self) -> None:
         _require_float("temperature", self.temperature, low=0.0, note=" (0 = greedy)")
@@ -134,31 +135,31 @@ class SamplingParams:
         _require_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
         for token_id, bias in self.logit_bias or ():
             if not _is_number(bias) or not -100.0 <= bias <= 100.0:
-                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for {token_id}")
+                raise ParamError("logit_bias", f"values must be numbers in [-100, 100], got {bias!r} for {token_id}")
 
     def _normalize_structured(self) -> None:
         value = self.structured_outputs
         if value is None or isinstance(value, GrammarSpec):
             return
         if not isinstance(value, Mapping):
-            raise ValueError(f"structured_outputs must be a GrammarSpec or a mapping, got {type(value).__name__}")
+            raise ParamError("structured_outputs", f"must be a GrammarSpec or a mapping, got {type(value).__name__}")
         self._set("structured_outputs", structured_spec(value))
 
     def _check_lists(self) -> None:
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}"[:300])
+            raise ParamError("stop", f"must be a string or a list of non-empty strings, got {self.stop!r}"[:300])
         if len(self.stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in self.stop):
-            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} "
+            raise ParamError("stop", f"may hold at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} "
                              f"characters each")
         for name in ("stop_token_ids", "logit_bias"):
             if len(getattr(self, name) or ()) > MAX_TOKEN_ID_LIST:
-                raise ValueError(f"{name} may hold at most {MAX_TOKEN_ID_LIST} entries, got "
+                raise ParamError(name, f"may hold at most {MAX_TOKEN_ID_LIST} entries, got "
                                  f"{len(getattr(self, name))}")
         if self.stop and not self.detokenize:
-            raise ValueError("stop strings are matched on the generated text, so stop needs detokenize=True")
+            raise ParamError("stop", "strings are matched on the generated text, so stop needs detokenize=True")
         if not isinstance(self.stop_token_ids, tuple) or not all(
                 _is_int(t) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be a list of token ids >= 0, got {self.stop_token_ids!r}"[:300])
+            raise ParamError("stop_token_ids", f"must be a list of token ids >= 0, got {self.stop_token_ids!r}"[:300])
 
     # -- derived -----------------------------------------------------------------------------------------------
     @property
@@ -194,7 +195,7 @@ class SamplingParams:
         """Inverse of `to_dict` (validated like any construction); unknown keys raise ValueError naming them."""
         unknown = set(values) - set(_DEFAULTS)
         if unknown:
-            raise ValueError(f"{sorted(unknown)[0]} is not a sampling parameter")
+            raise ParamError(sorted(unknown)[0], "is not a sampling parameter")
         values = dict(values)
         grammar = values.get("structured_outputs")
         if isinstance(grammar, Mapping) and set(grammar) == {"kind", "text"}:
@@ -215,20 +216,21 @@ def _bias_key(key: object) -> int:
         return int(key)
     if isinstance(key, int) and not isinstance(key, bool):
         if key < 0:
-            raise ValueError(f"logit_bias keys must be token ids >= 0, got {key!r}")
+            raise ParamError("logit_bias", f"keys must be token ids >= 0, got {key!r}")
         return key
-    raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+    raise ParamError("logit_bias", f"keys must be token ids, got {key!r}")
 
 
 def _bias_entry(entry: object) -> tuple[int, object]:
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-        raise ValueError(f"logit_bias must be a mapping of token id to bias, or (token id, bias) pairs, got {entry!r}")
+        raise ParamError("logit_bias", f"must be a mapping of token id to bias, or (token id, bias) pairs, got "
+                                       f"{entry!r}")
     return _bias_key(entry[0]), entry[1]
 
 
 def _iterate(name: str, value: object) -> Iterable[object]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ValueError(f"{name} must be a mapping or a list, got {type(value).__name__}")
+        raise ParamError(name, f"must be a mapping or a list, got {type(value).__name__}")
     return value
 
 
@@ -238,7 +240,7 @@ def _require_int(name: str, value: object, low: int, high: int | None = None, no
         # repr of a huge int is slow, or refused past Python's digit limit
         shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 128 \
             else repr(value)
-        raise ValueError(f"{name} must be an integer {allowed}{note}, got {shown}")
+        raise ParamError(name, f"must be an integer {allowed}{note}, got {shown}")
 
 
 def _require_float(name: str, value: object, low: float, high: float | None = None, low_open: bool = False,
@@ -250,7 +252,7 @@ def _require_float(name: str, value: object, low: float, high: float | None = No
         allowed = f"> {low}" if low_open else f">= {low}"
         if high is not None:
             allowed = f"in {left}{low}, {high}]"
-        raise ValueError(f"{name} must be a finite number {allowed}{note}, got {value!r}")
+        raise ParamError(name, f"must be a finite number {allowed}{note}, got {value!r}")
 
 
 _STRUCTURED_KEYS = {"json": GrammarSpec.from_json_schema, "regex": GrammarSpec.from_regex,
@@ -263,17 +265,17 @@ def structured_spec(options: Mapping[str, object]) -> GrammarSpec:
     chosen = {key: value for key, value in options.items() if value not in (None, False)}
     unknown = set(chosen) - {*_STRUCTURED_KEYS, "json_object"}
     if unknown:
-        raise ValueError(f"structured_outputs: unknown option {sorted(unknown)[0]!r}; use one of "
-                         f"json, regex, choice, grammar, json_object")
+        raise ParamError("structured_outputs", f"unknown option {sorted(unknown)[0]!r}; use one of "
+                         f"json, regex, choice, grammar, json_object", ": ")
     if len(chosen) != 1:
-        raise ValueError(f"structured_outputs must set exactly one constraint, got {sorted(chosen) or 'none'}")
+        raise ParamError("structured_outputs", f"must set exactly one constraint, got {sorted(chosen) or 'none'}")
     key, value = next(iter(chosen.items()))
     if key == "json_object":
         return GrammarSpec.json_object()
     try:
         return _STRUCTURED_KEYS[key](value)  # type: ignore[arg-type]
     except ValueError as error:
-        raise ValueError(f"structured_outputs: {error}") from None
+        raise ParamError("structured_outputs", f"{error}", ": ") from None
 
 
 _DEFAULTS: Mapping[str, Any] = MappingProxyType(

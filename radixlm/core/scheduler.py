@@ -20,6 +20,7 @@ from radixlm.core.step import ModelRunnerOutput, RequestUpdate, SchedulerOutput,
 from radixlm.core.step_plan import StepPlan
 from radixlm.core.step_result import GrammarAcceptor, apply_step_result
 from radixlm.core.token_stops import check_token_stop
+from radixlm.errors import ParamError
 from radixlm.request import Request, RequestStatus
 
 
@@ -59,7 +60,7 @@ class Scheduler:
         group = SequenceGroup.of([request, *siblings], held)
         taken = [s.request_id for s in group.sequences if s.request_id in self._group_of]
         if taken:
-            raise ValueError(f"request_id {taken[0]!r} is already in use")
+            raise ParamError("request_id", f"{taken[0]!r} is already in use")
         self.groups[request.request_id] = group
         for sequence in group.sequences:
             self._group_of[sequence.request_id] = group
@@ -82,11 +83,11 @@ class Scheduler:
         """Raise what `add_request` would raise for this request now, without taking it; held groups count against
         `max_queued_requests`."""
         if request.request_id in self._group_of:
-            raise ValueError(f"request_id {request.request_id!r} is already in use")
+            raise ParamError("request_id", f"{request.request_id!r} is already in use")
         pools = request.pooling_params is not None  # it generates nothing: its prompt may fill the context
         if request.num_tokens + (0 if pools else 1) > self.max_model_len:
             room = "" if pools else ", leaving no room to generate"
-            raise ValueError(f"prompt has {request.num_tokens} tokens but the context is {self.max_model_len} "
+            raise ParamError("prompt", f"has {request.num_tokens} tokens but the context is {self.max_model_len} "
                              f"tokens (max_model_len, capped by the KV cache capacity){room}")
         min_tokens = request.sampling_params.min_tokens
         if request.num_tokens + min_tokens > self.max_model_len:

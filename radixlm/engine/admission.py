@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.config import EngineConfig
 from radixlm.engine.parent_request import ParentRequest, RequestState
 from radixlm.engine.text_stream import TextStream
+from radixlm.errors import ParamError
 from radixlm.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from radixlm.request import Request, child_request_id
 from radixlm.sample.rng import mix_seed
@@ -41,6 +42,16 @@ def eos_token_ids(model_eos_token_ids: frozenset[int], tokenizer: PreTrainedToke
     return model_eos_token_ids | frozenset([value] if isinstance(value, int) else value or [])
 
 
+def check_vocabulary(params: SamplingParams, vocab_size: int) -> None:
+    """ParamError naming `logit_bias` or `stop_token_ids` when one holds a token id outside the vocabulary (the
+    server checks it before it tokenizes or compiles anything; the engine again, for offline callers)."""
+    for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                            ("stop_token_ids", params.stop_token_ids)):
+        outside = [t for t in token_ids or () if t >= vocab_size]  # type: ignore[union-attr]
+        if outside:
+            raise ParamError(name, f"holds token id {outside[0]}, outside the vocabulary [0, {vocab_size})")
+
+
 class Admission:
     """Builds the ParentRequest of each new request; numbers arrivals (their order and unseeded random streams)."""
 
@@ -60,24 +71,20 @@ class Admission:
         limit = self.max_sequences_per_request
         if params.num_sequences > limit:
             name = "n" if params.best_of is None or params.best_of == params.n else "best_of"
-            raise ValueError(f"{name} must be <= {limit} (--max-sequences-per-request, --max-num-seqs), got "
+            raise ParamError(name, f"must be <= {limit} (--max-sequences-per-request, --max-num-seqs), got "
                              f"{params.num_sequences}")
-        for name, token_ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
-                                ("stop_token_ids", params.stop_token_ids)):
-            outside = [t for t in token_ids or () if t >= self.vocab_size]  # type: ignore[union-attr]
-            if outside:
-                raise ValueError(f"{name} holds token id {outside[0]}, outside the vocabulary [0, {self.vocab_size})")
+        check_vocabulary(params, self.vocab_size)
 
     def tokenize(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if not isinstance(prompt, (list, tuple)):  # not bytes, a dict or None: those iterate into something else
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+            raise ParamError("prompt", f"must be a string or a list of token ids, got {type(prompt).__name__}")
         token_ids = list(prompt)
         bad = [t for t in token_ids
                if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
+            raise ParamError("prompt", f"token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}")
         return token_ids
 
     def build_parent(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | PoolingParams,

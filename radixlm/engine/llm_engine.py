@@ -37,6 +37,7 @@ from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprobs import LogprobFormatter
 from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.outputs import RequestOutput
+from radixlm.errors import ParamError
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
 from radixlm.pooling_params import PoolingParams
@@ -118,7 +119,7 @@ class LLMEngine:
         book = self.output_processor
         taken = [i for i in [request_id, *ids] if i in book.parents or i in book.states]
         if taken:
-            raise ValueError(f"request_id {taken[0]!r} is already in use")
+            raise ParamError("request_id", f"{taken[0]!r} is already in use")
         parent = self.admission.build_parent(request_id, prompt, params, priority, arrival_time)
         parent.metadata, parent.on_finish = dict(metadata) if metadata else None, on_finish
         first = parent.first.request
@@ -138,7 +139,7 @@ class LLMEngine:
         requests = list(requests)
         limit = self.config.scheduler.max_queued_requests
         if limit is not None and len(requests) > limit:
-            raise ValueError(f"prompt holds {len(requests)} prompts, but at most {limit} requests may wait "
+            raise ParamError("prompt", f"holds {len(requests)} prompts, but at most {limit} requests may wait "
                              f"(--max-queued-requests): it could never be admitted whole")
         added: list[str] = []
         try:

@@ -202,7 +202,7 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
                     check_tools(body.tools)
                 template_kwargs = check_template_kwargs(body.chat_template_kwargs)
             except ValueError as error:
-                raise APIError(400, str(error), param=str(error).split(" ", 1)[0]) from None
+                raise APIError.bad_value(error) from None
             tokens = await serving.chat_prompt(info, body.messages, body.add_generation_prompt, body.tools,
                                                template_kwargs)
         else:

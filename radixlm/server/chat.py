@@ -88,7 +88,7 @@ class ChatCompletions(OpenAIServing):
             template_kwargs = check_template_kwargs(body.chat_template_kwargs)
             own_spec, own_field = body.grammar()
         except ValueError as error:
-            raise APIError(400, str(error), param=str(error).split(" ", 1)[0].rstrip(":")) from None
+            raise APIError.bad_value(error) from None
         if choice == "auto" and not options.enable_auto_tool_choice:
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server to run with '
                                 '--enable-auto-tool-choice and --tool-call-parser', param="tool_choice")

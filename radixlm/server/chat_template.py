@@ -15,6 +15,7 @@ from typing import Any
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from radixlm.errors import ParamError
 from radixlm.server.errors import APIError
 from radixlm.server.request_bodies import ChatMessage
 
@@ -53,13 +54,13 @@ def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
     if kwargs is None:
         return {}
     if not isinstance(kwargs, dict) or len(kwargs) > MAX_TEMPLATE_KWARGS:
-        raise ValueError(f"chat_template_kwargs must be an object of at most {MAX_TEMPLATE_KWARGS} variables")
+        raise ParamError("chat_template_kwargs", f"must be an object of at most {MAX_TEMPLATE_KWARGS} variables")
     odd = [key for key in kwargs if not _VARIABLE.fullmatch(key)]
     if odd:
-        raise ValueError(f"chat_template_kwargs key {odd[0][:64]!r} is not a template variable name")
+        raise ParamError("chat_template_kwargs", f"key {odd[0][:64]!r} is not a template variable name")
     reserved = sorted(_RESERVED_KWARGS & set(kwargs))
     if reserved:
-        raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r} (a request field or the server's)")
+        raise ParamError("chat_template_kwargs", f"cannot set {reserved[0]!r} (a request field or the server's)")
     return kwargs
 
 

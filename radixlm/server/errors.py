@@ -10,6 +10,7 @@ and 503 carry `Retry-After` (seconds).
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from http import HTTPStatus
 from typing import Any
 
@@ -20,6 +21,8 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixlm.errors import ParamError
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
           429: "rate_limit_error", 503: "service_unavailable_error"}
@@ -28,6 +31,13 @@ RETRY_AFTER_SECONDS = {429: 1, 503: 5}  # a full queue drains in about a request
 
 class APIError(Exception):
     """An HTTP error with OpenAI's body; `param` names the offending request field."""
+
+    @classmethod
+    def bad_value(cls, error: ValueError, fields: Container[str] | None = None) -> APIError:
+        """A 400 for a refused value: `param` is the ParamError's field (when `fields` is given, only if it is one of
+        them), else unnamed."""
+        field = error.field if isinstance(error, ParamError) else None
+        return cls(400, str(error), param=field if fields is None or field in fields else None)
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type_: str | None = None) -> None:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
+from radixlm.errors import ParamError
 from radixlm.sampling_params import MAX_LOGPROBS, MAX_TOKEN_ID_LIST, SamplingParams
 from radixlm.server.json_checks import body_problem
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
@@ -221,7 +222,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def to_sampling_params(self, **overrides: Any) -> SamplingParams:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise ParamError("top_logprobs", "requires logprobs to be true")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return super().to_sampling_params(logprobs=logprobs, **overrides)
 
@@ -240,7 +241,7 @@ class CompletionRequest(SamplingRequest):
         if isinstance(self.prompt, str):
             return [self.prompt]
         if not self.prompt:
-            raise ValueError("prompt must not be empty")
+            raise ParamError("prompt", "must not be empty")
         if isinstance(self.prompt[0], int):
             return [self.prompt]  # type: ignore[list-item]
         return self.prompt  # type: ignore[return-value]

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.core.scheduler import QueueFullError
+from radixlm.engine.admission import check_vocabulary
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.pooling_params import PoolingParams
@@ -151,12 +152,6 @@ class OpenAIServing:
         if too_long:  # int() of a key this long is slow or refused (Python's int-string limit)
             raise APIError(400, f"logit_bias key {too_long[0][:24]}... ({len(too_long[0])} characters) is not a "
                                 f"token id", param="logit_bias")
-        for name, ids in (("logit_bias", [int(k) for k in body.logit_bias or {} if k.lstrip("-").isdecimal()]),
-                          ("stop_token_ids", body.stop_token_ids or [])):
-            out_of_range = [t for t in ids if t >= info.vocab_size]
-            if out_of_range:
-                raise APIError(400, f"{name} holds token id {out_of_range[0]}, outside the vocabulary "
-                                    f"[0, {info.vocab_size})", param=name)
 
     async def sampling_params(self, body: SamplingRequest, info: EngineInfo, raw_request: Request,
                               grammar: tuple[GrammarSpec | None, str | None] | None = None) -> SamplingParams:
@@ -165,9 +160,9 @@ class OpenAIServing:
         try:
             params = body.to_sampling_params() if grammar is None else \
                 body.to_sampling_params(structured_outputs=grammar[0])
+            check_vocabulary(params, info.vocab_size)  # before the grammar compiles
         except ValueError as error:
-            name = str(error).split(" ", 1)[0].rstrip(":")
-            raise APIError(400, str(error), param=name if name in type(body).model_fields else None) from None
+            raise APIError.bad_value(error, type(body).model_fields) from None
         if params.structured_outputs is not None:
             _, field = body.grammar() if grammar is None else grammar
             await self.compile_grammar(info, params.structured_outputs, str(field), raw_request)
@@ -217,9 +212,8 @@ class OpenAIServing:
             raise APIError(429, f"the server is busy: {error}; retry later", code="queue_full") from None
         except EngineUnavailableError as error:
             raise APIError(503, f"{error}; retry later", code="engine_unavailable") from None
-        except ValueError as error:  # the engine's own admission checks name the field first
-            name = str(error).split(" ", 1)[0]
-            raise APIError(400, str(error), param=name if name in _PARAMS else None) from None
+        except ValueError as error:  # the engine's own admission checks (ParamError names the field)
+            raise APIError.bad_value(error, _PARAMS) from None
 
     async def collect(self, raw_request: Request, stream: OutputStream, num_prompts: int) -> list[PromptResult]:
         """Run to the end; a client that disconnects meanwhile aborts the requests (their KV blocks are freed)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.errors import ParamError
 from radixlm.sampling_params import structured_spec
 from radixlm.structured.spec import GrammarSpec
 
@@ -20,14 +21,14 @@ GRAMMAR_FIELDS = ("response_format", "regex", "ebnf", "choice", "json_schema", "
 
 def _response_format(value: Any) -> GrammarSpec | None:
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
-        raise ValueError('response_format must be {"type": "text" | "json_object" | "json_schema", ...}')
+        raise ParamError('response_format', 'must be {"type": "text" | "json_object" | "json_schema", ...}')
     if value["type"] == "text":
         return None
     if value["type"] == "json_object":
         return GrammarSpec.json_object()
     schema_holder = value.get("json_schema")
     if not isinstance(schema_holder, dict) or "schema" not in schema_holder:
-        raise ValueError('response_format with type "json_schema" needs {"json_schema": {"name", "schema"}}')
+        raise ParamError('response_format', 'with type "json_schema" needs {"json_schema": {"name", "schema"}}')
     return GrammarSpec.from_json_schema(schema_holder["schema"])
 
 
@@ -53,7 +54,7 @@ def grammar_from_fields(values: dict[str, Any]) -> tuple[GrammarSpec | None, str
     """(spec, the field it came from) for the set grammar fields of a request; ValueError names the field."""
     chosen = [name for name in GRAMMAR_FIELDS if values.get(name) is not None]
     if len(chosen) > 1:
-        raise ValueError(f"{chosen[1]} cannot be combined with {chosen[0]}: set one structured-output field")
+        raise ParamError(chosen[1], f"cannot be combined with {chosen[0]}: set one structured-output field")
     if not chosen:
         return None, None
     field = chosen[0]
@@ -61,4 +62,4 @@ def grammar_from_fields(values: dict[str, Any]) -> tuple[GrammarSpec | None, str
         return _BUILDERS[field](values[field]), field
     except ValueError as error:
         message = str(error).removeprefix("structured_outputs: ")
-        raise ValueError(f"{field}: {message}") from None
+        raise ParamError(field, message, ": ") from None

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.errors import ParamError
 from radixlm.reasoning import THINK_END, THINK_START
 from radixlm.structured.spec import GrammarSpec
 from radixlm.tool_parsers import ToolParser
@@ -30,22 +31,22 @@ class FunctionTool:
 def check_tools(tools: Any) -> list[FunctionTool]:
     """The request's function tools; ValueError (naming `tools...`) for anything else."""
     if not isinstance(tools, list) or not tools:
-        raise ValueError("tools must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
+        raise ParamError("tools", "must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
     if len(tools) > MAX_TOOLS:
-        raise ValueError(f"tools holds {len(tools)} tools; at most {MAX_TOOLS} are allowed")
+        raise ParamError("tools", f"holds {len(tools)} tools; at most {MAX_TOOLS} are allowed")
     functions, names = [], set()
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-            raise ValueError(f"tools.{i} must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}")
+            raise ParamError(f"tools.{i}", "must be {\"type\": \"function\", \"function\": {\"name\", ...}}")
         function = tool["function"]
         name = function.get("name")
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"tools.{i}.function.name must be 1-64 letters, digits, '_', '.' or '-'")
+            raise ParamError(f"tools.{i}.function.name", "must be 1-64 letters, digits, '_', '.' or '-'")
         if name in names:
-            raise ValueError(f"tools.{i}.function.name {name!r} is given twice")
+            raise ParamError(f"tools.{i}.function.name", f"{name!r} is given twice")
         parameters = function.get("parameters", _EMPTY_PARAMETERS)
         if not isinstance(parameters, dict):
-            raise ValueError(f"tools.{i}.function.parameters must be a JSON schema object")
+            raise ParamError(f"tools.{i}.function.parameters", "must be a JSON schema object")
         names.add(name)
         functions.append(FunctionTool(name, parameters or _EMPTY_PARAMETERS))
     return functions
@@ -56,16 +57,16 @@ def check_tool_choice(tool_choice: Any, functions: list[FunctionTool]) -> str:
     if tool_choice is None or (tool_choice == "none" and not functions):
         return "auto" if functions else "none"
     if not functions:
-        raise ValueError("tool_choice needs tools")
+        raise ParamError("tool_choice", "needs tools")
     if tool_choice in ("none", "auto", "required"):
         return tool_choice
     function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if tool_choice_type(tool_choice) != "function" or not isinstance(name, str):
-        raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
+        raise ParamError('tool_choice', 'must be "none", "auto", "required" or {"type": "function", "function": '
                          '{"name": ...}}')
     if name not in {f.name for f in functions}:
-        raise ValueError(f"tool_choice names the function {name[:64]!r}, which is not in tools")
+        raise ParamError("tool_choice", f"names the function {name[:64]!r}, which is not in tools")
     return name
 
 

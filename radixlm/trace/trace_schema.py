@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from radixlm.config import MAX_SPECULATIVE_TOKENS, SchedulerConfig
+from radixlm.errors import ParamError
 from radixlm.request import RequestStatus
 from radixlm.sampling_params import SamplingParams
 from radixlm.trace.trace_fields import (
@@ -130,10 +131,9 @@ def check_params(value: object, limits: TraceLimits) -> SamplingParams:
     values = mapping(value, "params")
     try:
         params = SamplingParams.from_dict(values)
+    except ParamError as error:
+        raise FieldError(f"params.{error.field}", error.message) from None
     except (TypeError, ValueError) as error:
-        field_name = str(error).split(" ", 1)[0]  # SamplingParams names the field first
-        if field_name in SamplingParams.__dataclass_fields__:
-            raise FieldError(f"params.{field_name}", str(error).split(" ", 1)[1]) from None
         raise FieldError("params", f"are not valid sampling parameters: {error}") from None
     if params.num_sequences > limits.max_sequences_per_request:
         name = "params.best_of" if params.best_of is not None else "params.n"

@@ -62,7 +62,7 @@ class AnthropicMessages:
             check_tool_choice(request.tool_choice, functions)
             template_kwargs = check_template_kwargs(request.chat_template_kwargs)
         except ValueError as error:
-            raise translation.renamed(APIError(400, str(error), param=str(error).split(" ", 1)[0])) from None
+            raise translation.renamed(APIError.bad_value(error)) from None
         prompt = self.chat.chat_prompt(info, request.messages, request.add_generation_prompt,
                                        request.tools if functions else None, template_kwargs)
         prompt_ids = await self._renamed(translation, prompt)

@@ -173,9 +173,8 @@ class OpenAIResponses:
 def _translated(body: ResponsesRequest, previous_items: list[dict]) -> ChatTranslation:
     try:
         return chat_request(body, previous_items)
-    except ValueError as error:  # each message starts with the field it is about
-        message = str(error)
-        raise APIError(400, message, param=message.split(" ", 1)[0].rstrip(":")) from None
+    except ValueError as error:  # a ParamError names the field it is about
+        raise APIError.bad_value(error) from None
 
 
 def _sequence(result: PromptResult) -> CompletionOutput:

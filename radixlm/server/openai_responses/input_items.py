@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.errors import ParamError
 from radixlm.server.request_bodies import MAX_CONTENT_PARTS
 
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
@@ -26,16 +27,16 @@ _REASONING, _CONTENT, _CALLS = 0, 1, 2
 def text_of_parts(parts: Any, path: str, allow_output: bool = True) -> str:
     """The text of a content list (parts joined by newlines, as chat joins text parts)."""
     if not isinstance(parts, list):
-        raise ValueError(f"{path} must be a string or a list of input_text parts")
+        raise ParamError(path, "must be a string or a list of input_text parts")
     if len(parts) > MAX_CONTENT_PARTS:
-        raise ValueError(f"{path} holds {len(parts)} content parts; the limit is {MAX_CONTENT_PARTS}")
+        raise ParamError(path, f"holds {len(parts)} content parts; the limit is {MAX_CONTENT_PARTS}")
     texts = []
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _MEDIA_PARTS:
-            raise ValueError(f"{path}.{j}.type {kind!r} is not supported: this server reads text only")
+            raise ParamError(f"{path}.{j}.type", f"{kind!r} is not supported: this server reads text only")
         if kind not in (_TEXT_PARTS if allow_output else ("input_text",)) or not isinstance(part.get("text"), str):
-            raise ValueError(f"{path}.{j} must be {{\"type\": \"input_text\", \"text\": \"...\"}}")
+            raise ParamError(f"{path}.{j}", "must be {\"type\": \"input_text\", \"text\": \"...\"}")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -47,7 +48,7 @@ def _text(value: Any, path: str) -> str:
 def _string(item: dict[str, Any], key: str, path: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
-        raise ValueError(f"{path}.{key} must be a string")
+        raise ParamError(f"{path}.{key}", "must be a string")
     return value
 
 
@@ -104,7 +105,7 @@ def chat_messages(items: list[Any], origins: list[str]) -> ChatMessages:
     out = ChatMessages()
     for item, path in zip(items, origins, strict=True):
         if not isinstance(item, dict):
-            raise ValueError(f"{path} must be an object (an input item)")
+            raise ParamError(path, "must be an object (an input item)")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             _message(out, item, path)
@@ -119,7 +120,7 @@ def chat_messages(items: list[Any], origins: list[str]) -> ChatMessages:
         elif kind == "reasoning":
             out.assistant(_REASONING, path).reasoning = _reasoning_text(item, path)
         else:
-            raise ValueError(f"{path}.type {str(kind)[:64]!r} is not supported: input items are messages, "
+            raise ParamError(f"{path}.type", f"{str(kind)[:64]!r} is not supported: input items are messages, "
                              f"function_call, function_call_output and reasoning")
     out.flush()
     return out
@@ -128,7 +129,7 @@ def chat_messages(items: list[Any], origins: list[str]) -> ChatMessages:
 def _message(out: ChatMessages, item: dict[str, Any], path: str) -> None:
     role = item.get("role")
     if role not in _MESSAGE_ROLES:
-        raise ValueError(f"{path}.role must be one of {', '.join(_MESSAGE_ROLES)}")
+        raise ParamError(f"{path}.role", f"must be one of {', '.join(_MESSAGE_ROLES)}")
     content = item.get("content")
     if role == "assistant":
         text = _text(content, f"{path}.content")
@@ -141,14 +142,14 @@ def _message(out: ChatMessages, item: dict[str, Any], path: str) -> None:
 
 def _reasoning_text(item: dict[str, Any], path: str) -> str:
     if item.get("encrypted_content") is not None:
-        raise ValueError(f"{path}.encrypted_content is not supported: this server neither makes nor reads it")
+        raise ParamError(f"{path}.encrypted_content", "is not supported: this server neither makes nor reads it")
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key) or []
         if isinstance(parts, list) and len(parts) > MAX_CONTENT_PARTS:
-            raise ValueError(f"{path}.{key} holds {len(parts)} parts; the limit is {MAX_CONTENT_PARTS}")
+            raise ParamError(f"{path}.{key}", f"holds {len(parts)} parts; the limit is {MAX_CONTENT_PARTS}")
         if not isinstance(parts, list) or not all(
                 isinstance(p, dict) and p.get("type") == part_type and isinstance(p.get("text"), str) for p in parts):
-            raise ValueError(f"{path}.{key} must be a list of {{\"type\": \"{part_type}\", \"text\": \"...\"}}")
+            raise ParamError(f"{path}.{key}", f"must be a list of {{\"type\": \"{part_type}\", \"text\": \"...\"}}")
         if parts:
             return "\n".join(p["text"] for p in parts)
     return ""

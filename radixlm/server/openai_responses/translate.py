@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from radixlm.errors import ParamError
 from radixlm.server.errors import APIError
 from radixlm.server.openai_responses.bodies import ResponsesRequest
 from radixlm.server.openai_responses.input_items import chat_messages
@@ -51,11 +52,12 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         kind = tool.get("type")
         if kind != "function":
-            raise ValueError(f"tools.{i}.type {str(kind)[:64]!r} is not supported: only function tools are (built-in "
-                             f"tools such as web_search, file_search and code_interpreter run on OpenAI's servers)")
+            raise ParamError(f"tools.{i}.type", f"{str(kind)[:64]!r} is not supported: only function tools are "
+                             f"(built-in tools such as web_search, file_search and code_interpreter run on OpenAI's "
+                             f"servers)")
         for key, neutral in _FUNCTION_NEUTRAL.items():
             if tool.get(key) not in neutral:
-                raise ValueError(f"tools.{i}.{key} is not supported by this server")
+                raise ParamError(f"tools.{i}.{key}", "is not supported by this server")
         converted.append({"type": "function",
                           "function": {key: tool[key] for key in _FUNCTION_KEYS if tool.get(key) is not None}})
     return converted
@@ -67,14 +69,14 @@ def echoed_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    expected = 'tool_choice must be "none", "auto", "required" or {"type": "function", "name": ...}'
+    expected = 'must be "none", "auto", "required" or {"type": "function", "name": ...}'
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if not isinstance(choice, dict):
-        raise ValueError(expected)
+        raise ParamError("tool_choice", expected)
     if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
-        raise ValueError(f'{expected}; {str(choice.get("type"))[:64]!r} choices (built-in tools, allowed_tools) are '
-                         f'not supported')
+        raise ParamError("tool_choice", f'{expected}; {str(choice.get("type"))[:64]!r} choices (built-in tools, '
+                                        f'allowed_tools) are not supported')
     return {"type": "function", "function": {"name": choice["name"]}}
 
 
@@ -83,20 +85,20 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     if text is None:
         return None
     if text.get("verbosity") not in (None, "medium"):
-        raise ValueError("text.verbosity is not supported: this server cannot steer how long answers are")
+        raise ParamError("text.verbosity", "is not supported: this server cannot steer how long answers are")
     text_format = text.get("format")
     if text_format is None:
         return None
     if not isinstance(text_format, dict) or text_format.get("type") not in _FORMATS:
-        raise ValueError('text.format must be {"type": "text" | "json_object" | "json_schema", ...}')
+        raise ParamError('text.format', 'must be {"type": "text" | "json_object" | "json_schema", ...}')
     if text_format["type"] == "text":
         return None
     if text_format["type"] == "json_object":
         return {"type": "json_object"}
     if not isinstance(text_format.get("name"), str):
-        raise ValueError("text.format.name must be a string")
+        raise ParamError("text.format.name", "must be a string")
     if not isinstance(text_format.get("schema"), dict):
-        raise ValueError("text.format.schema must be a JSON schema object")
+        raise ParamError("text.format.schema", "must be a JSON schema object")
     return {"type": "json_schema", "json_schema": {key: text_format[key] for key in
                                                    ("name", "schema", "strict", "description") if key in text_format}}
 
@@ -104,8 +106,8 @@ def chat_response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
 def check_reasoning(reasoning: dict[str, Any] | None) -> None:
     for key, value in (reasoning or {}).items():
         if value is not None:
-            raise ValueError(f"reasoning.{str(key)[:64]} is not supported: reasoning models reason as their chat "
-                             f"template and --reasoning-parser have them")
+            raise ParamError(f"reasoning.{str(key)[:64]}", "is not supported: reasoning models reason as their chat "
+                             "template and --reasoning-parser have them")
 
 
 def chat_request(request: ResponsesRequest, previous_items: list[dict[str, Any]]) -> ChatTranslation:
@@ -114,7 +116,7 @@ def chat_request(request: ResponsesRequest, previous_items: list[dict[str, Any]]
     check_reasoning(request.reasoning)
     new_items = input_as_items(request.input)
     if not new_items and not previous_items:
-        raise ValueError("input must hold at least one item")
+        raise ParamError("input", "must hold at least one item")
     origins = ["previous_response_id"] * len(previous_items) + [f"input.{i}" for i in range(len(new_items))]
     converted = chat_messages([*previous_items, *new_items], origins)
     messages, message_origins = converted.messages, converted.origins
