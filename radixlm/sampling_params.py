@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from radixlm.errors import ParamError
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 MAX_LOGPROBS = 20
 # Caps on the sizes a client controls (every stop string is looked for after every token; every bias entry and stop

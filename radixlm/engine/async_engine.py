@@ -123,7 +123,7 @@ class OutputStream:
 
 
 @dataclass
-class _Admission:
+class _AdmitCommand:
     prompts: list[list[int]]
     params: SamplingParams | PoolingParams
     priority: int
@@ -183,7 +183,7 @@ class AsyncEngine:
         assert self._loop is not None, "start() first"
         stream = OutputStream(self, group_request_ids(request_id, len(prompts)))
         done: asyncio.Future[None] = self._loop.create_future()
-        admission = _Admission(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
+        admission = _AdmitCommand(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
                                metadata)
         with self._lock:
             reason = self.unavailable_reason
@@ -243,7 +243,7 @@ class AsyncEngine:
             if command is _SHUTDOWN:
                 self._stop(engine, self._unavailable_reason or "the server is shutting down")
                 return False
-            if isinstance(command, _Admission):
+            if isinstance(command, _AdmitCommand):
                 self._admit(engine, command)
             elif isinstance(command, _Abort):
                 outputs = [o for o in map(engine.abort_request, command.request_ids) if o is not None]
@@ -268,7 +268,7 @@ class AsyncEngine:
             except queue.Empty:
                 return commands
 
-    def _admit(self, engine: LLMEngine, admission: _Admission) -> None:
+    def _admit(self, engine: LLMEngine, admission: _AdmitCommand) -> None:
         request_ids = admission.stream.request_ids
         error: BaseException | None = None
         try:
@@ -311,7 +311,7 @@ class AsyncEngine:
         self._ended.extend(self._streams)
         self._streams.clear()
         for command in self._take_commands(block=False):
-            if isinstance(command, _Admission):
+            if isinstance(command, _AdmitCommand):
                 self._loop.call_soon_threadsafe(_resolve, command.done, error)  # type: ignore[union-attr]
         self._deliver([(stream, error) for stream in streams])
         if engine is not None:

@@ -34,7 +34,7 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import ModelRunnerOutput, RequestError, RequestUpdate, SchedulerOutput
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
-from radixlm.engine.logprobs import LogprobFormatter
+from radixlm.engine.logprob_formatter import LogprobFormatter
 from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.outputs import RequestOutput
 from radixlm.errors import ParamError
@@ -43,7 +43,7 @@ from radixlm.model.runner import ModelRunner
 from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
-from radixlm.spec.drafter import NgramDrafter
+from radixlm.speculative.drafter import NgramDrafter
 from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.trace.recorder import TraceRecorder

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from radixlm.core.step import RequestError, RequestUpdate, TextStop
 from radixlm.engine.grammars import GrammarTracker
-from radixlm.engine.logprobs import LogprobFormatter
+from radixlm.engine.logprob_formatter import LogprobFormatter
 from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.parent_request import ParentRequest, RequestState
 from radixlm.request import RequestStatus

@@ -22,7 +22,7 @@ from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from radixlm.engine.logprobs import LogprobFormatter
+    from radixlm.engine.logprob_formatter import LogprobFormatter
 
 
 @dataclass

@@ -21,7 +21,7 @@ from radixlm.sampling_params import SamplingParams
 _INT_CAP = 2**62
 
 
-class SamplingRequest(Protocol):
+class SamplingRow(Protocol):
     """What the sampler reads of a request: the engine's `Request` and the worker's `WorkerRequest` both are one."""
 
     request_id: str
@@ -70,7 +70,7 @@ class SamplingBatch:
     num_top_logprobs: list[int]  # per logprob row: how many alternatives to return (0..20)
 
     @classmethod
-    def build(cls, requests: list[SamplingRequest]) -> SamplingBatch:
+    def build(cls, requests: list[SamplingRow]) -> SamplingBatch:
         params = [r.sampling_params for r in requests]
         greedy = [p.is_greedy for p in params]
         random = [r for r, g in zip(requests, greedy, strict=True) if not g]
@@ -119,13 +119,13 @@ class SamplingBatch:
         return tensor if len(rows) == self.num_rows else tensor[rows]
 
 
-def needs_token_logprob(request: SamplingRequest) -> bool:
+def needs_token_logprob(request: SamplingRow) -> bool:
     """The raw logprob of each sampled token is needed for `logprobs` and for ranking `best_of` sequences."""
     params = request.sampling_params
     return params.logprobs is not None or params.num_sequences > params.n
 
 
-def banned_until_min_tokens(request: SamplingRequest) -> frozenset[int]:
+def banned_until_min_tokens(request: SamplingRow) -> frozenset[int]:
     """The tokens that would stop the request (eos unless ignore_eos, and stop_token_ids)."""
     params = request.sampling_params
     eos = frozenset() if params.ignore_eos else request.eos_token_ids

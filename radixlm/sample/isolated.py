@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import torch
 
-from radixlm.sample.batch import SamplingRequest
+from radixlm.sample.batch import SamplingRow
 from radixlm.sample.sampler import Sampler, SamplerOutput
 
-MaskFor = Callable[[list[SamplingRequest]], Callable[[torch.Tensor], None] | None]
+MaskFor = Callable[[list[SamplingRow]], Callable[[torch.Tensor], None] | None]
 
 
-def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRequest],
+def sample_isolated(sampler: Sampler, logits: torch.Tensor, requests: list[SamplingRow],
                     mask_for: MaskFor) -> tuple[SamplerOutput, dict[int, Exception]]:
     """Sample every row in one batched call. If that raises, sample each row alone from the untouched logits, so
     the rows that succeed get exactly the tokens the batched call gives them (every row's draw depends only on its

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.sample.batch import SamplingRequest
+from radixlm.sample.batch import SamplingRow
 
 
 class PenaltyStats:
@@ -23,14 +23,14 @@ class PenaltyStats:
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
-        self._requests: list[SamplingRequest] = []
+        self._requests: list[SamplingRow] = []
         self._num_counted: list[int] = []  # tokens of each row's sequence already in the statistics
         self.seen = torch.zeros(0, vocab_size, dtype=torch.bool)
         self.output_counts = torch.zeros(0, vocab_size, dtype=torch.float32)
         self.seen_cells = torch.zeros(0, dtype=torch.long)
         self.output_cells = torch.zeros(0, dtype=torch.long)
 
-    def update(self, requests: list[SamplingRequest]) -> None:
+    def update(self, requests: list[SamplingRow]) -> None:
         """Make row i describe `requests[i]`, counting every token each sequence holds now."""
         same_rows = len(requests) == len(self._requests) and all(
             a is b for a, b in zip(requests, self._requests, strict=True))
@@ -62,7 +62,7 @@ class PenaltyStats:
         self.seen_cells = torch.cat([self.seen_cells, first_seen])
         self.output_cells = torch.cat([self.output_cells, first_output])
 
-    def _regroup(self, requests: list[SamplingRequest]) -> None:
+    def _regroup(self, requests: list[SamplingRow]) -> None:
         previous_row = {id(request): row for row, request in enumerate(self._requests)}
         sources = [previous_row.get(id(request), -1) for request in requests]
         seen = torch.zeros(len(requests), self.vocab_size, dtype=torch.bool)

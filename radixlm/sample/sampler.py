@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.sample.batch import SamplingBatch, SamplingRequest
+from radixlm.sample.batch import SamplingBatch, SamplingRow
 from radixlm.sample.draw import draw_tokens
 from radixlm.sample.filters import NUM_CANDIDATES, filter_thresholds
 from radixlm.sample.finite import clean_logits_, greedy_tokens, rows_are_safe
@@ -47,10 +47,10 @@ class Sampler:
         self.num_candidates = num_candidates
         self.penalty_stats = PenaltyStats(vocab_size)
         self._batch: SamplingBatch | None = None
-        self._batch_requests: list[SamplingRequest] = []  # held so that their id()s stay unique
+        self._batch_requests: list[SamplingRow] = []  # held so that their id()s stay unique
 
     @torch.inference_mode()  # the runner's logits are inference tensors, and nothing here needs autograd
-    def __call__(self, logits: torch.Tensor, requests: list[SamplingRequest],
+    def __call__(self, logits: torch.Tensor, requests: list[SamplingRow],
                  grammar_mask: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
         """`grammar_mask(logits)`, when given, masks the constrained rows in place (stage 3b)."""
         batch = self._batch_for(requests)
@@ -72,7 +72,7 @@ class Sampler:
                 logprobs[row] = entry
         return SamplerOutput(token_ids.tolist(), logprobs)
 
-    def _batch_for(self, requests: list[SamplingRequest]) -> SamplingBatch:
+    def _batch_for(self, requests: list[SamplingRow]) -> SamplingBatch:
         same = self._batch is not None and len(requests) == len(self._batch_requests) and all(
             a is b for a, b in zip(requests, self._batch_requests, strict=True))
         if not same:
@@ -81,7 +81,7 @@ class Sampler:
         assert self._batch is not None
         return self._batch
 
-    def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[SamplingRequest],
+    def _adjust_logits(self, logits: torch.Tensor, batch: SamplingBatch, requests: list[SamplingRow],
                        num_outputs: torch.Tensor, grammar_mask: Callable[[torch.Tensor], None] | None) -> None:
         """Stages 2-5: logit_bias, min_tokens bans, grammar masks, penalties."""
         if len(batch.bias_rows):

@@ -20,7 +20,7 @@ from radixlm.engine.outputs import CompletionOutput
 from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_message
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.errors import APIError
-from radixlm.server.logprobs import OpenAILogprobs
+from radixlm.server.openai_logprobs import OpenAILogprobs
 from radixlm.server.request_bodies import ChatCompletionRequest
 from radixlm.server.response_bodies import (
     ChatChoice,
@@ -39,7 +39,7 @@ from radixlm.server.tool_calling import (
     check_tools,
     tool_call_grammar,
 )
-from radixlm.structured.spec import GrammarSpec, check_json_spec
+from radixlm.structured.grammar_spec import GrammarSpec, check_json_spec
 from radixlm.tool_parsers import ToolParser
 
 _S = TypeVar("_S", GrammarSpec, GrammarSpec | None)

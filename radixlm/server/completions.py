@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from radixlm.engine.async_engine import EngineInfo, OutputStream
 from radixlm.engine.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
-from radixlm.server.logprobs import OpenAILogprobs
+from radixlm.server.openai_logprobs import OpenAILogprobs
 from radixlm.server.request_bodies import CompletionRequest
 from radixlm.server.response_bodies import Completion, CompletionChoice, CompletionLogprobs
 from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of

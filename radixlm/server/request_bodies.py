@@ -17,7 +17,7 @@ from radixlm.errors import ParamError
 from radixlm.sampling_params import MAX_LOGPROBS, MAX_TOKEN_ID_LIST, SamplingParams
 from radixlm.server.json_checks import body_problem
 from radixlm.server.structured import GRAMMAR_FIELDS, grammar_from_fields
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 MAX_MESSAGES = 4096  # per chat request
 MAX_CONTENT_PARTS = 1024  # per message

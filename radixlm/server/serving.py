@@ -30,7 +30,7 @@ from radixlm.server.request_bodies import ChatMessage, SamplingRequest
 from radixlm.server.response_bodies import Usage
 from radixlm.server.timings import Timings, merged, timings_of
 from radixlm.server.tokenization import Tokenization, num_text_chars
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 _MAX_TOKEN_ID_DIGITS = 20

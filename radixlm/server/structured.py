@@ -13,7 +13,7 @@ from typing import Any
 
 from radixlm.errors import ParamError
 from radixlm.sampling_params import structured_spec
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 GRAMMAR_FIELDS = ("response_format", "regex", "ebnf", "choice", "json_schema", "guided_json", "guided_regex",
                   "guided_choice", "guided_grammar", "structured_outputs")

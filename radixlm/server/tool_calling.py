@@ -14,7 +14,7 @@ from typing import Any
 
 from radixlm.errors import ParamError
 from radixlm.reasoning import THINK_END, THINK_START
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 from radixlm.tool_parsers import ToolParser
 
 MAX_TOOLS = 128

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 
 class GrammarMatcher(Protocol):

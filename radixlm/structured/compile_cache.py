@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from radixlm.structured.backend import GrammarBackend
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 MIB = 2**20
 LIGHT_SPEC_CHARS = 4_096  # specs up to this size compile on the light thread (a tool's schema is usually ~1 KB)

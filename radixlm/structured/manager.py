@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerBase
 
 from radixlm.structured.backend import GrammarBackend, GrammarMatcher
 from radixlm.structured.compile_cache import GrammarCacheStats, GrammarCompileCache
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 
 class StructuredOutputs:

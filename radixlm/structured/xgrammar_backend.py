@@ -10,7 +10,7 @@ import torch
 import xgrammar as xgr
 from transformers import PreTrainedTokenizerBase
 
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 
 def build_tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int,

@@ -27,7 +27,7 @@ from radixlm.sample.isolated import sample_isolated
 from radixlm.sample.logprobs import prompt_logprobs
 from radixlm.sample.sampler import Sampler, SamplerOutput
 from radixlm.structured.bitmask import GrammarBitmask
-from radixlm.worker.request_state import WorkerRequest
+from radixlm.worker.worker_request import WorkerRequest
 
 logger = logging.getLogger(__name__)
 

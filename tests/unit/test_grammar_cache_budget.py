@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from radixlm.structured.compile_cache import LIGHT_SPEC_CHARS, GrammarCompileCache
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 
 class Sized:

@@ -1,7 +1,7 @@
 """OpenAI's logprob `bytes`: a token's own bytes, so that tokens holding parts of a UTF-8 character add up to it
 (their decoded text alone is U+FFFD and cannot say which byte each is)."""
 
-from radixlm.server.logprobs import OpenAILogprobs
+from radixlm.server.openai_logprobs import OpenAILogprobs
 
 
 def test_every_token_has_its_own_bytes_and_partial_characters_add_up(tokenizer):

@@ -9,7 +9,7 @@ from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
 from radixlm.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from radixlm.request import Request, RequestStatus
-from radixlm.spec.drafter import NgramDrafter
+from radixlm.speculative.drafter import NgramDrafter
 from unit.fake_engine import chunk_sizes, make_request, make_scheduler, runner_output, step
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 DEFS = {"$defs": {"i": {"type": "integer"}}}
 

@@ -10,10 +10,10 @@ from radixlm.core.scheduler import Scheduler
 from radixlm.request import Request
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
-from radixlm.spec.drafter import NgramDrafter
-from radixlm.spec.ngram import find_draft
-from radixlm.worker.request_state import WorkerRequest
+from radixlm.speculative.drafter import NgramDrafter
+from radixlm.speculative.ngram import find_draft
 from radixlm.worker.worker import accepted_length
+from radixlm.worker.worker_request import WorkerRequest
 from unit.fake_engine import runner_output, step
 
 

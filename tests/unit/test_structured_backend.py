@@ -9,7 +9,7 @@ import torch
 from tiny_models import VOCAB_SIZE
 
 from radixlm.structured.compile_cache import GrammarCompileCache
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 
 
 def allowed_ids(backend, matcher):

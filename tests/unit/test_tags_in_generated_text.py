@@ -13,7 +13,7 @@ import pytest
 from radixlm.reasoning import get_reasoning_parser
 from radixlm.server.chat_output import OutputParsing, SequenceParser
 from radixlm.server.tool_calling import FunctionTool, after_reasoning, tool_call_grammar
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 from radixlm.tool_parsers import get_tool_parser
 
 TAGS = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<|python_tag|>", "\n</tool_call>\n", "}", "{",

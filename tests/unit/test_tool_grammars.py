@@ -4,7 +4,7 @@ the text the tool parser reads back is accepted, anything else is not."""
 import pytest
 
 from radixlm.server.tool_calling import FunctionTool, after_reasoning, tool_call_grammar
-from radixlm.structured.spec import GrammarSpec
+from radixlm.structured.grammar_spec import GrammarSpec
 from radixlm.tool_parsers import get_tool_parser
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}

@@ -1,7 +1,8 @@
-"""The engine's side of logprobs: the worker's raw `TokenLogprobs` as the outputs' `{token_id: Logprob}`
+"""LogprobFormatter: the worker's raw `TokenLogprobs` as the outputs' `{token_id: Logprob}`
 dictionaries (the prompt positions whose logprobs each step computes are the scheduler's: `core/sequence_groups.py`).
 
-(The worker computes them: `radixlm/sample/logprobs.py`; the server shapes them for OpenAI: `server/logprobs.py`.)
+(The worker computes them: `radixlm/sample/logprobs.py`; the server shapes them for OpenAI:
+`server/openai_logprobs.py`.)
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from radixlm.sampling_params import SamplingParams
 @dataclass
 class WorkerRequest:
     """Token ids (prompt, then the tokens sampled so far), sampling parameters, random stream and block table.
-    Reads like the engine's `Request` where the sampler looks (`radixlm.sample.batch.SamplingRequest`).
+    Reads like the engine's `Request` where the sampler looks (`radixlm.sample.batch.SamplingRow`).
     A pooling request keeps its pooled state across its prompt's chunks (`pooled`, over `num_pooled_positions`):
     dropped with the request when it finishes or is preempted, so a resumed one pools from scratch."""
 

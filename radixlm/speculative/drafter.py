@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from radixlm.config import SpeculativeConfig
 from radixlm.core.step import SchedulerOutput
 from radixlm.request import Request, RequestStatus
-from radixlm.spec.ngram import find_draft
+from radixlm.speculative.ngram import find_draft
 
 # Drafts offered without a single accepted token before a request stops drafting.
 _MAX_UNACCEPTED_DRAFTS = 8
