@@ -1,5 +1,5 @@
 // Argument checks and helpers shared by the C++ kernels that radixlm._C's direct entry points reach
-// (csrc/python_module.cpp). Those entry points skip the dispatcher's device dispatch, so every kernel checks itself
+// (csrc/bindings.cpp). Those entry points skip the dispatcher's device dispatch, so every kernel checks itself
 // that it is given dense CPU tensors: a tensor on another device, or a fake one, must be an error, never a read.
 #pragma once
 

@@ -17,8 +17,8 @@ import torch
 
 from radixlm.bench.step_probe import read_seconds
 from radixlm.core.step import ScheduledChunk
-from radixlm.model.attention import paged_attention
-from radixlm.model.input_batch import AttentionMetadata, InputBatch
+from radixlm.model.attention import AttentionMetadata, create_backend, paged_attention
+from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache
 
 
@@ -62,7 +62,8 @@ def _step_metadata(shape: AttentionShape, batch: int, context_len: int, shared_p
         chunks.append(ScheduledChunk(f"r{b}", [1], context_len - 1, shared + list(range(first, first + own_blocks)),
                                      num_sampled=1))
     tables = {chunk.request_id: chunk.new_block_ids for chunk in chunks}
-    return cache, InputBatch.build(chunks, tables, cache, decode_kernel=kernel).attn_metadata
+    attention = create_backend("cpp" if kernel else "torch")
+    return cache, InputBatch.build(chunks, tables, cache, attention=attention).attn_metadata
 
 
 def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared_prefix: int, kv_dtype: torch.dtype,

@@ -26,8 +26,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from radixlm.model.decode_kernel import direct_kernel, extension_error
 from radixlm.model.gguf_linear import GGUFLinear
+from radixlm.model.ops import direct_kernel, extension_error
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})

@@ -5,7 +5,7 @@ modules keep those bits, so a 4-bit model takes its 4-bit size in memory and a d
 
 - with radixlm._C built, a weight is regrouped once into the kernel's tiles (`radixlm.model.gguf_tiles`, the same
   bits in another order) and `gguf_linear` multiplies int8 activations (quantized per 32 values) by it at every row
-  count, decode and prefill alike (csrc/linear_gguf.cpp);
+  count, decode and prefill alike (csrc/linear/linear_gguf.cpp);
 - without it, the weight stays in the file's rows and the same product is computed in PyTorch:
   `F.linear(quantize_activations(x), dequantize(W))`, one slice of the weight at a time (the reference the kernel
   is tested against).
@@ -22,14 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.decode_kernel import direct_kernel, extension_error
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
 from radixlm.model.gguf_tiles import num_tiles, pack_tiles, quantize_activations, tile_bytes
+from radixlm.model.ops import direct_kernel, extension_error
 
 # Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
 PATH_BEST, PATH_PORTABLE, PATH_AVX2, PATH_AVX512 = 0, 1, 2, 3
 WEIGHT_SLICE_FLOATS = 1 << 22  # 16 MiB of float32 weights per dequantized slice (the PyTorch path)
-MAX_PARTS = 8  # parts of one fused linear (csrc/linear_gguf.cpp's kMaxParts)
+MAX_PARTS = 8  # parts of one fused linear (csrc/linear/linear_gguf.cpp's kMaxParts)
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from radixlm.model.gguf_blocks import BLOCK_FORMATS
 from radixlm.model.gguf_file import read_gguf
 from radixlm.model.gguf_linear import gguf_kernels
 from radixlm.model.gguf_loader import build_gguf_model
+from radixlm.model.ops import kernels_available
 from radixlm.model.serving_format import BLOCK_QUANTIZATIONS, ServingFormat
 from radixlm.model.sharding import check_tensor_parallel, keep_rank_kv_heads, plan_override
-from radixlm.model.small_batch import kernels_available
 
 logger = logging.getLogger(__name__)
 

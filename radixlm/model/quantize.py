@@ -26,8 +26,8 @@ import warnings
 import torch
 from torch import nn
 
-from radixlm.model.decode_kernel import direct_kernel
-from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, gather_int8_weights, kernels_available
+from radixlm.model.ops import direct_kernel, kernels_available
+from radixlm.model.small_batch import INT8_MAX_ROWS, Int8Rows, gather_int8_weights
 
 # Rows that are all zeros keep a tiny positive maximum: 0 / tiny = 0, and no NaN.
 _TINY = torch.finfo(torch.float32).tiny

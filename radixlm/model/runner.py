@@ -13,8 +13,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ScheduledChunk
 from radixlm.distributed.group import agree_min
-from radixlm.model.attention import register_paged_attention
-from radixlm.model.decode_kernel import resolve_backend
+from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
@@ -74,12 +73,12 @@ class ModelRunner:
         if model_config.quantization is not None and self.device.type != "cpu":
             raise ValueError(f"quantization {model_config.quantization} runs on the CPU only, got device "
                              f"{self.device.type}")
-        self.attention_backend = _attention_backend(model_config, self.device)
+        self.attention_backend = create_backend(_attention_backend(model_config, self.device))
         kv_dtype = self.dtype if cache_config.kv_cache_dtype == "auto" else getattr(torch, cache_config.kv_cache_dtype)
         # --attention-backend torch is the all-PyTorch reference: no C++ linears either.
         self.model: PreTrainedModel = load_model(model_dir, self.dtype, register_paged_attention(),
                                                  model_config.quantization,
-                                                 small_batch_kernels=self.attention_backend == "cpp",
+                                                 small_batch_kernels=self.attention_backend.runs_cpp_kernels,
                                                  device=self.device, tensor_parallel_size=tensor_parallel_size)
         self.shape = ModelShape.from_config(self.model.config, tensor_parallel_size)
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
@@ -98,8 +97,7 @@ class ModelRunner:
         sampled rows and of the prompt positions asked for (`prompt_logits_positions[request_id] = (first, end)`,
         within that request's chunk), and the final hidden states of the chunks of `pooling_types`' requests
         reduced as it says ("last" or "mean", see `radixlm.model.pooling.reduce_chunk`)."""
-        batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions,
-                                 decode_kernel=self.attention_backend == "cpp")
+        batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions, self.attention_backend)
         with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden:
             result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                                 logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
@@ -112,13 +110,9 @@ class ModelRunner:
 
 
 def _attention_backend(model_config: ModelConfig, device: torch.device) -> str:
-    """The C++ kernels (attention, small-batch linears) and int8 (fbgemm) are CPU code: on CUDA, PyTorch's SDPA
-    path runs and int8 is refused."""
-    if device.type == "cpu":
-        return resolve_backend(model_config.attention_backend)
-    if model_config.quantization is not None:
+    """The attention backend's name for this config on `device` (`radixlm.model.attention.resolve_backend`). The C++
+    kernels and int8 (fbgemm) are CPU code: elsewhere PyTorch's SDPA path runs and int8 is refused."""
+    if device.type != "cpu" and model_config.quantization is not None:
         raise ValueError(f"quantization {model_config.quantization} runs on CPU only (PyTorch's fbgemm kernel); "
                          f"drop --quantization or use --device cpu")
-    if model_config.attention_backend == "cpp":
-        raise ValueError("attention_backend 'cpp' is a CPU kernel; on cuda use 'torch' or 'auto'")
-    return "torch"
+    return resolve_backend(model_config.attention_backend, device)

@@ -1,4 +1,4 @@
-"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear.cpp, csrc/linear_int8.cpp).
+"""Linear layers at small batch through the C++ kernels of `radixlm._C` (csrc/linear/linear.cpp and linear_int8.cpp).
 
 At batch 1 (a decode step of one request) every linear layer is a matrix-vector product that must read all of its
 weights once: memory-bound. PyTorch's float32 `F.linear` (MKL sgemm) measured about 3-4x the time a plain streaming
@@ -7,7 +7,7 @@ scaling of `Int8Linear`, about 2x; the C++ kernels stream each weight row once a
 of that read time for up to `MAX_ROWS` rows (`INT8_MAX_ROWS` for int8). Above that the PyTorch kernels (the
 reference) run.
 
-Eager calls go straight to the extension's Python functions (csrc/python_module.cpp), not through `torch.ops`: the
+Eager calls go straight to the extension's Python functions (csrc/bindings.cpp), not through `torch.ops`: the
 dispatcher's argument parsing and boxing cost about 0.8 us of a ~1 us call at one row, ~0.1 ms of a batch-1 forward.
 `torch.compile` would break its graph at those calls; the registered ops (`torch.ops.radixlm.*`, with fake kernels)
 compute the same and are what a compiled model should call.
@@ -25,16 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.decode_kernel import direct_kernel, extension_error
+from radixlm.model.ops import direct_kernel, extension_error, kernels_available
 
 MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
-# The int8 kernel's limit (csrc/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
+# The int8 kernel's limit (csrc/linear/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
 # multiply-adds of one token (compute), less than fbgemm's path (with Int8Linear's scaling around it) up to about
 # 96 rows on a Xeon: 24.0 against 31.3 ms for the default model's linears at 32 rows, 45.2 against 51.9 at 64.
 INT8_MAX_ROWS = 64
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
-INT8_TILE_ROWS = 8  # csrc/linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
-INT8_MAX_FEATURES = 8192  # csrc/linear_int8.cpp's kMaxK: the bytes of a quantized row
+INT8_TILE_ROWS = 8  # linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
+INT8_MAX_FEATURES = 8192  # linear_int8.cpp's kMaxK: the bytes of a quantized row
 HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 
 
@@ -47,11 +47,6 @@ def int8_kernel_is_vectorized() -> bool:
             return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in cpuinfo)
     except OSError:
         return False
-
-
-def kernels_available() -> bool:
-    """True when radixlm._C imports (see `extension_error`)."""
-    return extension_error() is None
 
 
 class SmallBatchLinear(nn.Linear):

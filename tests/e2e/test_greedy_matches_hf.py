@@ -8,7 +8,7 @@ import torch
 from e2e.engine_runs import output_token_ids
 from e2e.hf_reference import hf_greedy
 from radixlm.engine.llm_engine import build_engine
-from radixlm.model.decode_kernel import extension_error
+from radixlm.model.ops import extension_error
 from radixlm.sampling_params import SamplingParams
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral", "gemma2"]

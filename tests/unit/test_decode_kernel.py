@@ -6,18 +6,17 @@ import pytest
 import torch
 
 from radixlm.core.step import ScheduledChunk, SchedulerOutput
-from radixlm.model.attention import paged_attention
-from radixlm.model.decode_kernel import (
+from radixlm.model.attention import create_backend, paged_attention, resolve_backend
+from radixlm.model.attention.cpp_backend import (
+    CppAttentionMetadata,
     DecodeTables,
     decode_layer,
-    direct_kernel,
-    extension_error,
     paged_decode_attention,
-    resolve_backend,
-    write_kv,
 )
+from radixlm.model.attention.kv_write import write_kv
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.ops import direct_kernel, extension_error
 
 pytestmark = pytest.mark.skipif(extension_error() is not None,
                                 reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
@@ -68,8 +67,8 @@ def _run(lengths: list[int], tables: list[list[int]], num_heads: int, head_dim: 
     results = []
     for kernel in (False, True):
         metadata = InputBatch.build(output.chunks, {c.request_id: c.new_block_ids for c in output.chunks}, cache,
-                                    decode_kernel=kernel).attn_metadata
-        assert (metadata.decode.tables is not None) == kernel
+                                    attention=create_backend("cpp" if kernel else "torch")).attn_metadata
+        assert isinstance(metadata, CppAttentionMetadata) == kernel
         out, _ = paged_attention(_Layer(), query, key, value, None, scaling=head_dim ** -0.5,
                                  sliding_window=sliding_window, softcap=softcap, radix_attn=metadata)
         results.append(out)
@@ -412,7 +411,7 @@ def test_a_token_attends_alike_in_a_prefill_a_chunk_or_a_decode(sliding_window):
     outputs = {}
     for start in (0, 40, 69):  # the whole prompt, its last 30 tokens, its last token
         chunk = ScheduledChunk("r", [1] * (length - start), start, table, num_sampled=1)
-        metadata = InputBatch.build([chunk], {"r": table}, cache, decode_kernel=True).attn_metadata
+        metadata = InputBatch.build([chunk], {"r": table}, cache, attention=create_backend("cpp")).attn_metadata
         out, _ = paged_attention(_Layer(), query[:, :, start:], key[:, :, start:], value[:, :, start:], None,
                                  scaling=head_dim ** -0.5, sliding_window=sliding_window, radix_attn=metadata)
         outputs[start] = out[0]

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from radixlm.model.decode_kernel import extension_error
 from radixlm.model.fused_ops import FusedGatedMLP, FusedRMSNorm, fuse_small_ops
+from radixlm.model.ops import extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
 

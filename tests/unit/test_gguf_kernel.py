@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from gguf_files import random_blocks
 
-from radixlm.model.decode_kernel import extension_error
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_linear import PATH_AVX2, PATH_AVX512, PATH_BEST, PATH_PORTABLE, GGUFLinear, WeightPart
 from radixlm.model.gguf_tiles import pack_tiles, quantize_activations, tile_bytes
+from radixlm.model.ops import extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None,
                                      reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")

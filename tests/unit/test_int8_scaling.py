@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from radixlm.model.decode_kernel import direct_kernel, extension_error
+from radixlm.model.ops import direct_kernel, extension_error
 from radixlm.model.quantize import Int8Linear
 from radixlm.model.small_batch import INT8_MAX_ROWS
 

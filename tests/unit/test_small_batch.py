@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from radixlm.model.decode_kernel import direct_kernel, extension_error
+from radixlm.model.ops import direct_kernel, extension_error
 from radixlm.model.quantize import Int8Linear
 from radixlm.model.small_batch import (
     INT8_MAX_ROWS,
@@ -160,7 +160,7 @@ def test_direct_entry_points_equal_the_ops(bias):
 def test_ops_are_opaque_to_torch_compile():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from radixlm.model.small_batch import kernels_available
+    from radixlm.model.ops import kernels_available
 
     assert kernels_available()
     with FakeTensorMode():

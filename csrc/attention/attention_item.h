@@ -1,0 +1,178 @@
+// One work item of the paged decode kernel (paged_attention.cpp): a request's rows over one split of their
+// context, for some or all KV heads: its state, the tile step (scores, softmax, values) and the item's loop over
+// tiles with its stream-in and its own K/V write. Included by that file only; the namespace keeps these names to it.
+
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attention_generic.h"
+#include "attention_plan.h"
+#include "attention_softmax.h"
+#include "attention_stream_in.h"
+#include "attention_tiles.h"
+#include "isa.h"
+#include "kv_rows.h"
+
+namespace radixlm_attention {
+
+// One work item's state: its query rows gathered, and per query head j (row r's head jj is j = r * per_row + jj)
+// the running output, scores of the current tile, running max and running sum, all in `scratch`.
+struct ItemState {
+  int64_t b, num_rows, h0, num_kv, rep, per_row, d;
+  float *q, *acc, *scores, *running_max, *running_sum;
+
+  ItemState(const Problem& p, int64_t b_, int64_t num_rows_, int64_t h0_, int64_t h1, std::vector<float>& scratch)
+      : b(b_), num_rows(num_rows_), h0(h0_), num_kv(h1 - h0_), rep(p.num_heads / p.num_kv_heads),
+        per_row(num_kv * rep), d(p.head_dim) {
+    const int64_t num_q = num_rows * per_row;
+    scratch.resize(2 * num_q * d + num_q * kTile + 2 * num_q);
+    q = scratch.data();                  // [num_q, D]: gathered from a strided query
+    acc = q + num_q * d;                 // [num_q, D]
+    scores = acc + num_q * d;            // [num_q, kTile]
+    running_max = scores + num_q * kTile;
+    running_sum = running_max + num_q;
+    for (int64_t r = 0; r < num_rows; ++r) {
+      for (int64_t jj = 0; jj < per_row; ++jj) {
+        std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
+                    q + (r * per_row + jj) * d);
+      }
+    }
+    std::fill(acc, acc + num_q * d, 0.f);
+    // A finite floor, not -inf: the first tile's correction is then exp(very negative) = ~0, never exp(nan).
+    std::fill(running_max, running_max + num_q, -1e30f);
+    std::fill(running_sum, running_sum + num_q, 0.f);
+  }
+};
+
+// Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
+// holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
+template <typename scalar_t, int64_t kD>
+void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const scalar_t* values, int64_t r,
+                 const int64_t* rows, int64_t n, const int64_t* next, int64_t num_next) {
+  const int64_t per_row = s.per_row, rep = s.rep, d = kD > 0 ? kD : s.d;
+  if constexpr (kD > 0 && kD % 16 == 0) {
+    constexpr int64_t kC = kD / 16;
+    for (int64_t h = 0; h < s.num_kv; ++h) {
+      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+        score_group<scalar_t, kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
+                                                          j0 == r * per_row + h * rep ? num_next : 0);
+      });
+    }
+  } else {
+    score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
+  }
+#if RADIXLM_BUILD_AVX512
+  if (d % 16 == 0) {
+    if (p.softcap > 0.f) {
+      for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) soft_cap(s.scores + j * kTile, n, p.softcap);
+    }
+    for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
+      softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
+                    s.running_sum + j, s.acc + j * d, d);
+    }
+  } else
+#endif
+  for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
+    softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
+  }
+  if constexpr (kD > 0 && kD % 16 == 0) {
+    constexpr int64_t kC = kD / 16;
+    for (int64_t h = 0; h < s.num_kv; ++h) {
+      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+        value_group<scalar_t, kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
+                                                          j0 == r * per_row + h * rep ? num_next : 0);
+      });
+    }
+  } else {
+    value_tile(s.acc + r * per_row * d, values, rows, n, s.num_kv, rep, d, s.scores + r * per_row * kTile);
+  }
+}
+
+// Each row's result for this split: its output when the split is its whole context, else a partial record.
+void store_results(const Problem& p, const ItemState& s, int64_t split) {
+  const int64_t d = s.d;
+  for (int64_t r = 0; r < s.num_rows; ++r) {
+    const int64_t row_len = p.context_lens[s.b + r];
+    if (split > last_split(p, row_len)) continue;  // a safeguard: rows of a group share their last split
+    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
+      float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
+                                    s.h0 * s.rep) * (d + 2);
+      for (int64_t jj = 0; jj < s.per_row; ++jj, record += d + 2) {
+        const int64_t j = r * s.per_row + jj;
+        record[0] = s.running_max[j];
+        record[1] = s.running_sum[j];
+        std::copy_n(s.acc + j * d, d, record + 2);
+      }
+      continue;
+    }
+    float* out = p.out + ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
+    for (int64_t jj = 0; jj < s.per_row; ++jj) {
+      const int64_t j = r * s.per_row + jj;
+      const float inverse = s.running_sum[j] > 0.f ? 1.f / s.running_sum[j] : 0.f;  // empty context: zeros
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = s.acc[j * d + e] * inverse;
+    }
+  }
+}
+
+// Attention of `num_rows` consecutive query rows b, b + 1, ... of one request (one row for a plain decode; a row per
+// position for a decode verifying drafts) over their contexts, for the query heads that read KV heads [h0, h1):
+// query head `jj` of the item (global head h0 * rep + jj) reads KV head h0 + jj / rep. The rows share their blocks
+// and their context lengths do not decrease, so each tile of K/V rows comes from memory once for all of them (and
+// for the `rep` query heads of each KV head); every row gets exactly the numbers it gets alone: the same tiles, in
+// the same order, each row stopping at its own length. kD > 0 fixes head_dim at compile time; 0 reads it from the
+// problem. The loops over query heads keep a runtime trip count on purpose: with everything constant, GCC
+// vectorises across rows with gathers, which is far slower.
+template <typename scalar_t, int64_t kD>
+void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, int64_t num_rows, int64_t h0,
+                 int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
+  ItemState s(p, b, num_rows, h0, h1, scratch);
+  const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
+  // Whether this item writes the row's new K/V (see Problem::writes_own_row): an item that streams writes them
+  // right after streaming in the last chunk, which holds them, so the stores hit lines already in cache; one that
+  // does not stream writes them first.
+  const bool writes_row = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
+  // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
+  // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
+  const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
+  const int64_t end = split_end(p, context_len, split);
+  const int32_t* blocks = p.block_table + p.block_offsets[b];
+  // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
+  // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes. A staggered
+  // item's first chunk is half a chunk long (see `run`); chunks never change the numbers, only when bytes are read.
+  const bool whole_rows = s.num_kv == p.num_kv_heads;
+  const int64_t chunk = stream_in_positions(p.num_kv_heads * p.head_dim * static_cast<int64_t>(sizeof(scalar_t)));
+  const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
+  int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
+  if (writes_row && !whole_rows) {
+    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+  }
+  int64_t streamed = first;  // positions before this are in cache
+  for (int64_t start = first; start < end; start += kTile) {
+    const int64_t n = std::min(kTile, end - start);
+    if (whole_rows && start >= streamed) {
+      streamed = std::min(end, start + (start == first ? lead : chunk));
+      if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
+      stream_in(p, blocks, keys, values, start, streamed);
+      if (writes_row && streamed == end) {
+        radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+      }
+    }
+    row_offsets(p, blocks, h0, start, n, offsets);
+    const int64_t num_next = whole_rows ? 0 : std::clamp<int64_t>(context_len - start - kTile, 0, kTile);
+    row_offsets(p, blocks, h0, start + kTile, num_next, next);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const int64_t n_row = std::min(n, p.context_lens[b + r] - start);  // this row's positions in the tile
+      // The first row's phases prefetch the next tile; the others read this tile again, from cache.
+      if (n_row > 0) {
+        attend_tile<scalar_t, kD>(p, s, keys, values, r, offsets, n_row, next, r == 0 ? num_next : 0);
+      }
+    }
+  }
+  store_results(p, s, split);
+}
+
+}  // namespace radixlm_attention

@@ -1,0 +1,156 @@
+// The softmax phase of the paged decode kernel (paged_attention.cpp): exp, the online softmax of a tile, and the
+// merge of a context's splits. Included by that file only; the namespace keeps these names to it.
+
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "attention_plan.h"
+#include "attention_tiles.h"
+#include "isa.h"
+
+namespace radixlm_attention {
+
+// exp(x) for x <= 0 (logit minus the running max), written so the compiler vectorises it (std::exp does not
+// vectorise without -ffast-math): Cody-Waite range reduction and a degree-6 polynomial, ~2 ulp. Inputs below
+// -87 give ~1e-38 instead of 0, which no sum of probabilities can notice.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  // Round x / ln2 to the nearest integer n by the 1.5 * 2^23 trick (floor and lrint do not vectorise everywhere).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t exponent = static_cast<int32_t>(n) + 127;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(exponent) << 23);
+  return y * scale;
+}
+
+#if RADIXLM_BUILD_AVX512
+// exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
+// range reduction into code this tight).
+inline __m512 exp16_nonpositive(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // this order keeps a NaN (maxps returns its second operand then)
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+  }
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
+}
+#endif
+
+// Soft-caps one head's logits of a tile: s = tanh(s / softcap) * softcap.
+inline void soft_cap(float* s, int64_t n, float softcap) {
+  for (int64_t i = 0; i < n; ++i) s[i] = std::tanh(s[i] / softcap) * softcap;
+}
+
+// Turns one tile of logits `s[0..n)` of one query head into weights against the running max and sum (soft-capping
+// them first when softcap > 0), and rescales that head's accumulated output `acc[0..d)` to the new max. The plain
+// loops, for a head_dim that is not a multiple of 16 or a host without AVX-512 (else `softmax_heads`).
+inline void softmax_tile(float* __restrict s, int64_t n, float softcap, float& running_max, float& running_sum,
+                         float* __restrict acc, int64_t d) {
+  if (softcap > 0.f) soft_cap(s, n, softcap);
+  float tile_max = running_max;
+#pragma omp simd reduction(max : tile_max)
+  for (int64_t i = 0; i < n; ++i) tile_max = std::max(tile_max, s[i]);
+  float tile_sum = 0.f;
+#pragma omp simd reduction(+ : tile_sum)
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = exp_nonpositive(s[i] - tile_max);
+    tile_sum += s[i];
+  }
+  const float correction = exp_nonpositive(running_max - tile_max);
+  running_sum = running_sum * correction + tile_sum;
+  running_max = tile_max;
+#pragma omp simd
+  for (int64_t e = 0; e < d; ++e) acc[e] *= correction;
+}
+
+#if RADIXLM_BUILD_AVX512
+// softmax_tile for the query heads [0, count) (count <= 16) of one tile of n <= kTile positions (soft-capped
+// already) and d a multiple of 16: the per-head scalar steps (the new max, the correction, the sums) run as one
+// vector across the heads, so that their latencies overlap (about 30% off the phase). Lanes past n weigh 0.
+inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* __restrict running_max,
+                          float* __restrict running_sum, float* __restrict acc, int64_t d) {
+  static_assert(kTile % 16 == 0, "a tile is whole vectors");
+  constexpr int64_t kVectors = kTile / 16;
+  const int64_t num_vectors = (n + 15) / 16;
+  const __mmask16 last = static_cast<__mmask16>(0xFFFFu >> (16 * num_vectors - n));  // valid lanes of the last
+  const __m512 floor = _mm512_set1_ps(-1e30f);
+  alignas(64) float tile_max[16] = {}, sums[16] = {}, correction[16] = {};  // lanes past `count` are never used
+  for (int64_t j = 0; j < count; ++j) {
+    __m512 top = floor;
+    for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {
+      const __mmask16 valid = v + 1 == num_vectors ? last : 0xFFFF;
+      top = _mm512_mask_max_ps(top, valid, top, _mm512_loadu_ps(s + j * kTile + 16 * v));
+    }
+    tile_max[j] = _mm512_reduce_max_ps(top);
+  }
+  const __mmask16 heads = static_cast<__mmask16>((1u << count) - 1);
+  const __m512 old_max = _mm512_maskz_loadu_ps(heads, running_max);
+  const __m512 new_max = _mm512_max_ps(old_max, _mm512_maskz_load_ps(heads, tile_max));
+  _mm512_store_ps(correction, exp16_nonpositive(_mm512_sub_ps(old_max, new_max)));
+  _mm512_mask_storeu_ps(running_max, heads, new_max);
+  _mm512_store_ps(tile_max, new_max);
+  for (int64_t j = 0; j < count; ++j) {
+    const __m512 max = _mm512_set1_ps(tile_max[j]);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t v = 0; v < kVectors && v < num_vectors; ++v) {
+      const __mmask16 valid = v + 1 == num_vectors ? last : 0xFFFF;
+      const __m512 logits = _mm512_loadu_ps(s + j * kTile + 16 * v);
+      const __m512 w = _mm512_maskz_mov_ps(valid, exp16_nonpositive(_mm512_sub_ps(logits, max)));
+      _mm512_storeu_ps(s + j * kTile + 16 * v, w);
+      total = _mm512_add_ps(total, w);
+    }
+    sums[j] = _mm512_reduce_add_ps(total);
+    const __m512 scale = _mm512_set1_ps(correction[j]);
+    for (int64_t e = 0; e < d; e += 16) {
+      _mm512_storeu_ps(acc + j * d + e, _mm512_mul_ps(_mm512_loadu_ps(acc + j * d + e), scale));
+    }
+  }
+  _mm512_mask_storeu_ps(running_sum, heads, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(heads, running_sum),
+                                                            _mm512_load_ps(correction), _mm512_load_ps(sums)));
+}
+#endif
+
+// The output of a row attended in splits: its partial results combined in split order (each rescaled to the
+// largest max), one query head at a time.
+void merge_splits(const Problem& p, int64_t b) {
+  const int64_t d = p.head_dim, count = num_splits(p, p.context_lens[b]), stride = p.num_heads * (d + 2);
+  for (int64_t h = 0; h < p.num_heads; ++h) {
+    const float* first = p.partials + (p.partial_offsets[b] + h) * (d + 2);
+    float top = -1e30f;
+    for (int64_t k = 0; k < count; ++k) top = std::max(top, first[k * stride]);
+    float* out = p.out + (b * p.num_heads + h) * d;
+    std::fill(out, out + d, 0.f);
+    float total = 0.f;
+    for (int64_t k = 0; k < count; ++k) {
+      const float* record = first + k * stride;
+      const float weight = exp_nonpositive(record[0] - top);
+      total += record[1] * weight;
+#pragma omp simd
+      for (int64_t e = 0; e < d; ++e) out[e] += record[2 + e] * weight;
+    }
+    const float inverse = total > 0.f ? 1.f / total : 0.f;
+#pragma omp simd
+    for (int64_t e = 0; e < d; ++e) out[e] *= inverse;
+  }
+}
+
+}  // namespace radixlm_attention

@@ -1,0 +1,227 @@
+// radixlm._C's one bindings file: every op of the extension is registered here, nowhere else.
+//
+// - The dispatcher ops, torch.ops.radixlm.* (schemas and CPU kernels below): what torch.compile and autograd-aware
+//   callers use, and the reference the tests hold the direct entry points to. radixlm/model/ops.py registers a fake
+//   kernel for each, so a compiled graph treats them as opaque.
+// - The module's own Python functions (the direct entry points): the same kernels with the arguments unpacked here
+//   (python_args.h). A decode step at batch 1 makes about 120 linear calls of 10-30 microseconds each and 61 norms
+//   of a few, and a call through torch.ops parses its arguments against the schema and boxes them, about 1-2
+//   microseconds. These release the GIL around the kernel, as torch.ops does.
+//
+// A new kernel adds its header's include, its schema and impl lines, and (if eager callers need it) a direct entry.
+
+#include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/library.h>
+
+#include <array>
+#include <vector>
+
+#include "attention/kv_write.h"
+#include "attention/paged_attention.h"
+#include "linear/linear.h"
+#include "linear/linear_gguf.h"
+#include "norm/rms_norm.h"
+#include "norm/rotary.h"
+#include "python_args.h"
+
+TORCH_LIBRARY(radixlm, m) {
+  // attention/
+  m.def("paged_decode_attention(Tensor query, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_table, "
+        "Tensor block_offsets, Tensor context_lens, int block_size, float scale, int sliding_window, "
+        "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None) -> Tensor");
+  m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values) "
+        "-> ()");
+  // linear/
+  m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("small_batch_int8_linear(Tensor x, Tensor weight, Tensor weight_scales, Tensor weight_sums, Tensor? bias) "
+        "-> Tensor");
+  m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
+  m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
+  m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
+  m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
+  // norm/
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("paged_decode_attention", &radixlm::paged_decode_attention);
+  m.impl("write_kv", &radixlm::write_kv);
+  m.impl("small_batch_linear", &radixlm::small_batch_linear);
+  m.impl("small_batch_int8_linear", &radixlm::small_batch_int8_linear);
+  m.impl("int8_normalize_rows", &radixlm::int8_normalize_rows);
+  m.impl("int8_rescale_rows_", &radixlm::int8_rescale_rows_);
+  m.impl("gguf_linear", &radixlm::gguf_linear);
+  m.impl("gguf_rows", &radixlm::gguf_rows);
+  m.impl("rms_norm", &radixlm::rms_norm);
+  m.impl("rotary", &radixlm::rotary);
+}
+
+namespace {
+
+using radixlm_python::call_kernel;
+using radixlm_python::check_count;
+using radixlm_python::int_arg;
+using radixlm_python::ints_arg;
+using radixlm_python::run_kernel;
+using radixlm_python::tensor_arg;
+using radixlm_python::tensors_arg;
+
+PyObject* small_batch_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, true>("small_batch_linear", args, nargs, [](const auto& t) {
+    return radixlm::small_batch_linear(*t[0], *t[1], t[2]);
+  });
+}
+
+PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<5, true>("small_batch_int8_linear", args, nargs, [](const auto& t) {
+    return radixlm::small_batch_int8_linear(*t[0], *t[1], *t[2], *t[3], t[4]);
+  });
+}
+
+PyObject* int8_normalize_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<2, false>("int8_normalize_rows", args, nargs, [](auto& t) {
+    return radixlm::int8_normalize_rows(*t[0], *t[1]);
+  });
+}
+
+// Returns its first argument, rescaled in place.
+PyObject* int8_rescale_rows_(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, true>("int8_rescale_rows_", args, nargs, [](auto& t) {
+    radixlm::int8_rescale_rows_(*t[0], *t[1], t[2]);
+    return *t[0];
+  });
+}
+
+PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_count("rms_norm", 3, nargs)) return nullptr;
+  c10::optional<at::Tensor> x, weight;
+  if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &weight)) return nullptr;
+  const double eps = PyFloat_AsDouble(args[2]);
+  if (eps == -1.0 && PyErr_Occurred()) return nullptr;
+  return run_kernel([&] { return radixlm::rms_norm(*x, *weight, eps); });
+}
+
+PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, false>("rotary", args, nargs,
+                               [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
+}
+
+// gguf_linear(x, tiles, types, out_features, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher
+// (tiles a sequence of tensors, types and out_features sequences of ints).
+PyObject* gguf_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5 && nargs != 6) {
+    PyErr_Format(PyExc_TypeError, "gguf_linear takes 5 or 6 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  c10::optional<at::Tensor> x, bias;
+  std::vector<at::Tensor> tiles;
+  std::vector<int64_t> types, out_features;
+  int64_t path = radixlm::kGgufPathBest;
+  if (!tensor_arg(args, 0, false, &x) || !tensors_arg(args, 1, &tiles) || !ints_arg(args, 2, &types) ||
+      !ints_arg(args, 3, &out_features) || !tensor_arg(args, 4, true, &bias) ||
+      (nargs == 6 && !int_arg(args, 5, &path))) {
+    return nullptr;
+  }
+  return run_kernel([&] { return radixlm::gguf_linear(*x, tiles, types, out_features, bias, path); });
+}
+
+// gguf_rows(tiles, type, in_features, out_features, ids): torch.ops.radixlm.gguf_rows without the dispatcher.
+PyObject* gguf_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_count("gguf_rows", 5, nargs)) return nullptr;
+  c10::optional<at::Tensor> tiles, ids;
+  int64_t type = 0, in_features = 0, out_features = 0;
+  if (!tensor_arg(args, 0, false, &tiles) || !int_arg(args, 1, &type) || !int_arg(args, 2, &in_features) ||
+      !int_arg(args, 3, &out_features) || !tensor_arg(args, 4, false, &ids)) {
+    return nullptr;
+  }
+  return run_kernel([&] { return radixlm::gguf_rows(*tiles, type, in_features, out_features, *ids); });
+}
+
+// The gguf_linear paths this CPU runs, a list of ints, best last.
+PyObject* gguf_linear_paths(PyObject*, PyObject*) {
+  const std::vector<int64_t> paths = radixlm::gguf_linear_paths();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(paths.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    PyObject* item = PyLong_FromLongLong(paths[i]);
+    if (item == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), item);
+  }
+  return list;
+}
+
+// decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens,
+// slot_mapping, block_size, scale, sliding_window, softcap): one attention layer of a step in which every row
+// decodes, from the tensors transformers passes (query [1, Hq, T, D], the new key and value [1, Hkv, T, D]) to
+// [1, T, Hq, D]: the views the op needs are taken here, then torch.ops.radixlm.paged_decode_attention runs without
+// the dispatcher, writing the new K/V at slot_mapping first.
+PyObject* decode_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr Py_ssize_t kTensors = 9;
+  if (!check_count("decode_attention", kTensors + 4, nargs)) return nullptr;
+  std::array<c10::optional<at::Tensor>, kTensors> t;
+  for (Py_ssize_t i = 0; i < kTensors; ++i) {
+    if (!tensor_arg(args, i, false, &t[i])) return nullptr;
+  }
+  const long long block_size = PyLong_AsLongLong(args[9]);
+  if (block_size == -1 && PyErr_Occurred()) return nullptr;
+  const double scale = PyFloat_AsDouble(args[10]);
+  if (scale == -1.0 && PyErr_Occurred()) return nullptr;
+  const long long sliding_window = PyLong_AsLongLong(args[11]);
+  if (sliding_window == -1 && PyErr_Occurred()) return nullptr;
+  const double softcap = PyFloat_AsDouble(args[12]);
+  if (softcap == -1.0 && PyErr_Occurred()) return nullptr;
+  return run_kernel([&] {
+    for (const auto& tensor : t) TORCH_CHECK(tensor->is_cpu(), "decode_attention takes CPU tensors");
+    for (int i = 0; i < 3; ++i) {
+      TORCH_CHECK(t[i]->dim() == 4 && t[i]->size(0) == 1, "query, key and value must be [1, H, T, D]");
+    }
+    // [1, H, T, D] -> [T, H, D] views: the op takes any strides with D contiguous.
+    const auto rows = [](const at::Tensor& x) { return x.select(0, 0).transpose(0, 1); };
+    const at::Tensor keys = rows(*t[1]), values = rows(*t[2]);
+    return radixlm::paged_decode_attention(rows(*t[0]), *t[3], *t[4], *t[5], *t[6], *t[7], block_size, scale,
+                                           sliding_window, softcap, t[8], keys, values)
+        .unsqueeze(0);
+  });
+}
+
+PyMethodDef methods[] = {
+    {"small_batch_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_linear)),
+     METH_FASTCALL, "small_batch_linear(x, weight, bias): torch.ops.radixlm.small_batch_linear without the dispatcher"},
+    {"small_batch_int8_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(small_batch_int8_linear)),
+     METH_FASTCALL,
+     "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
+     "without the dispatcher"},
+    {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,
+     "gguf_linear(x, tiles, types, out_features, bias, path=0): torch.ops.radixlm.gguf_linear without the "
+     "dispatcher"},
+    {"gguf_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_rows)), METH_FASTCALL,
+     "gguf_rows(tiles, type, in_features, out_features, ids): torch.ops.radixlm.gguf_rows without the dispatcher"},
+    {"gguf_linear_paths", gguf_linear_paths, METH_NOARGS,
+     "gguf_linear_paths(): the gguf_linear paths this CPU runs (1 portable, 2 AVX2, 3 AVX-512 VNNI), best last"},
+    {"int8_normalize_rows", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_normalize_rows)),
+     METH_FASTCALL, "int8_normalize_rows(x, row_max): torch.ops.radixlm.int8_normalize_rows without the dispatcher"},
+    {"int8_rescale_rows_", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(int8_rescale_rows_)), METH_FASTCALL,
+     "int8_rescale_rows_(out, row_max, bias): torch.ops.radixlm.int8_rescale_rows_ without the dispatcher; returns "
+     "out"},
+    {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm)), METH_FASTCALL,
+     "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
+    {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,
+     "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
+    {"decode_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(decode_attention)), METH_FASTCALL,
+     "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
+     "slot_mapping, block_size, scale, sliding_window, softcap): one decode layer through "
+     "torch.ops.radixlm.paged_decode_attention, without the dispatcher"},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,48 @@
+// The x86 instruction sets the kernels use, named in one place. A kernel picks its code in one of two ways:
+//
+// - at build time: setup.py compiles with -march=native (the extension is built on the machine that runs it), and a
+//   kernel tests RADIXLM_BUILD_AVX512 or RADIXLM_BUILD_AVX512_VNNI with `#if`, keeping a portable loop for the other
+//   case (the paged attention, the int8 linear, the int8 row maximum);
+// - at run time: a kernel that must serve every x86 CPU from one build (the GGUF linear, whose paths the tests run
+//   side by side) marks each function with RADIXLM_AVX2 or RADIXLM_AVX512 (VNNI included), so its file builds
+//   whatever the -march, and calls it only when isa::cpu_has_avx2() or isa::cpu_has_avx512() says the CPU can.
+//
+// Including this header also brings the intrinsics (<immintrin.h>).
+#pragma once
+
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+#define RADIXLM_BUILD_AVX512 1
+#else
+#define RADIXLM_BUILD_AVX512 0
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define RADIXLM_BUILD_AVX512_VNNI 1
+#else
+#define RADIXLM_BUILD_AVX512_VNNI 0
+#endif
+
+#define RADIXLM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define RADIXLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+
+namespace radixlm::isa {
+
+// What RADIXLM_AVX2 code needs: AVX2, FMA and F16C. libgcc's checks include the OS's support for the YMM
+// state; the answer is computed once.
+inline bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+}
+
+// What RADIXLM_AVX512 code needs: AVX-512 F, BW, VL and VNNI, F16C and FMA (the ZMM state included).
+inline bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+}  // namespace radixlm::isa

@@ -1,0 +1,198 @@
+// The GGUF linear's AVX2 kernels (gguf_kernels.h), for CPUs without AVX-512 VNNI (Zen 3 and older): the tile's 16
+// output rows are two registers of 8 int32 lanes, each lane's 4 weights multiplied by 4 activation bytes with
+// vpmaddubsw (pairs of unsigned x signed bytes into int16) and vpmaddwd (pairs of int16 into int32). The int16 pairs
+// stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's 8-bit ones would not, so Q8_0 takes
+// |q| times the activation with q's sign (vpsignb), and adds the 128 x sum of the activations that the stored q + 128
+// carries on the other paths.
+//
+// The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
+// here carries its target attribute (RADIXLM_AVX2, isa.h), so the file builds whatever the build's -march, and runs
+// only after isa::cpu_has_avx2().
+
+#include "gguf_kernels.h"
+#include "isa.h"
+
+namespace radixlm_gguf {
+namespace {
+
+constexpr int kRowsPerChunk = 4;  // activation rows a pass over the tile serves (registers: 16 ymm)
+
+RADIXLM_AVX2 inline __m256 halves8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+RADIXLM_AVX2 inline __m256 bytes8(const uint8_t* p, bool is_signed) {
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+}
+
+RADIXLM_AVX2 inline __m256 negate(__m256 v) {
+  return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), _mm256_set1_epi32(INT32_MIN)));
+}
+
+// Half `half` (rows 8 half .. 8 half + 7) of one K-block's 4-bit quants: group p from vector p's low nibbles, p + 4
+// from its high ones.
+RADIXLM_AVX2 inline void nibbles(const uint8_t* quants, int half, __m256i* w) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  for (int p = 0; p < 4; ++p) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * p + 32 * half));
+    w[p] = _mm256_and_si256(v, low4);
+    w[p + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  }
+}
+
+struct Scales {
+  __m256 scale[2], offset[2];
+};
+
+struct Q8_0 {
+  static constexpr int64_t kSuperWeights = 32, kSuperBytes = 544;
+  static constexpr bool kHalves = false, kSigned = true;
+  RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
+    const __m256 d = halves8(super + 16 * half);
+    s.scale[0] = d;
+    s.offset[0] = _mm256_mul_ps(_mm256_set1_ps(-128.f), d);
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));  // stored q + 128 -> q
+    for (int g = 0; g < 8; ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 + 64 * g + 32 * half));
+      w[g] = _mm256_xor_si256(v, flip);
+    }
+  }
+};
+
+template <bool kMin>
+struct Q4Legacy {
+  static constexpr int64_t kSuperWeights = 32, kSuperBytes = kMin ? 320 : 288;
+  static constexpr bool kHalves = false, kSigned = false;
+  RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
+    const __m256 d = halves8(super + 16 * half);
+    s.scale[0] = d;
+    s.offset[0] = kMin ? halves8(super + 32 + 16 * half) : _mm256_mul_ps(_mm256_set1_ps(-8.f), d);
+    nibbles(super + (kMin ? 64 : 32), half, w);
+  }
+};
+
+struct Q4_K {
+  static constexpr int64_t kSuperWeights = 256, kSuperBytes = 2368;
+  static constexpr bool kHalves = false, kSigned = false;
+  RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
+    s.scale[0] = _mm256_mul_ps(halves8(super + 16 * half), bytes8(super + 64 + 16 * j + 8 * half, false));
+    const __m256 dmin = halves8(super + 32 + 16 * half);
+    s.offset[0] = negate(_mm256_mul_ps(dmin, bytes8(super + 192 + 16 * j + 8 * half, false)));
+    nibbles(super + 320 + 256 * j, half, w);
+  }
+};
+
+struct Q6_K {
+  static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
+  static constexpr bool kHalves = true, kSigned = false;
+  RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
+    const __m256 d = halves8(super + 16 * half);
+    for (int h = 0; h < 2; ++h) {
+      s.scale[h] = _mm256_mul_ps(d, bytes8(super + 32 + 16 * (2 * j + h) + 8 * half, true));
+      s.offset[h] = _mm256_mul_ps(_mm256_set1_ps(-32.f), s.scale[h]);
+    }
+    const uint8_t* quants = super + 288 + 384 * j;
+    nibbles(quants, half, w);
+    const __m256i bits45 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 256 + 64 * h + 32 * half));
+      const __m256i moved[4] = {_mm256_slli_epi16(v, 4), _mm256_slli_epi16(v, 2), v, _mm256_srli_epi16(v, 2)};
+      for (int c = 0; c < 4; ++c) w[4 * h + c] = _mm256_or_si256(w[4 * h + c], _mm256_and_si256(moved[c], bits45));
+    }
+  }
+};
+
+// The int32 lane sums of 4 groups: weights w[g] (unsigned, or signed for Q8_0) times the activations' 4 bytes.
+template <bool kSigned>
+RADIXLM_AVX2 inline __m256i dot4(const __m256i* w, const int8_t* xq) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i sum = _mm256_setzero_si256();
+  for (int g = 0; g < 4; ++g) {
+    const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * g));
+    const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), _mm256_sign_epi8(xv, w[g]))
+                                  : _mm256_maddubs_epi16(w[g], xv);
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+  }
+  return sum;
+}
+
+template <class F, int kRows>
+RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
+                            int64_t ld_out, int64_t cols, const float* bias) {
+  constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
+  const int64_t blocks = x.k / kBlock;
+  __m256 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
+    for (int j = 0; j < kPerSuper; ++j) {
+      const int64_t b = b0 + j;
+      Scales s;
+      __m256i w[8];
+      F::block(tile, j, half, s, w);
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t m = m0 + r;
+        const int8_t* xq = x.q + m * x.k + b * kBlock;
+        __m256i low = dot4<F::kSigned>(w, xq), high = dot4<F::kSigned>(w + 4, xq + 16);
+        if (F::kSigned) {  // sum (q + 128) x, as the stored quants give it on the other paths
+          low = _mm256_add_epi32(low, _mm256_set1_epi32(128 * x.isum32[m * blocks + b]));
+        }
+        const __m256 step = _mm256_set1_ps(x.step[m * blocks + b]);
+        if (F::kHalves) {
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(s.scale[1], step), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * (m * blocks + b)]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * (m * blocks + b) + 1]), acc[r]);
+        } else {
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
+          acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[m * blocks + b]), acc[r]);
+        }
+      }
+    }
+  }
+  const int64_t valid = cols - 8 * half;  // columns of this half to write (may be <= 0)
+  for (int r = 0; r < kRows; ++r) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[r]);
+    for (int64_t c = 0; c < valid && c < 8; ++c) {
+      out[(m0 + r) * ld_out + 8 * half + c] = bias ? v[c] + bias[8 * half + c] : v[c];
+    }
+  }
+}
+
+template <class F, int kRows>
+RADIXLM_AVX2 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
+                            int64_t cols, const float* bias) {
+  half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias);
+  if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias);
+}
+
+template <class F>
+RADIXLM_AVX2 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
+                              int64_t ld_out, int64_t cols, const float* bias) {
+  for (; rows >= kRowsPerChunk; rows -= kRowsPerChunk, m0 += kRowsPerChunk) {
+    tile_rows<F, kRowsPerChunk>(tile, x, m0, out, ld_out, cols, bias);
+  }
+  switch (rows) {
+    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias);
+    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias);
+    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias);
+    default: return;
+  }
+}
+
+}  // namespace
+
+TileKernel avx2_kernel(int64_t type) {
+  switch (type) {
+    case kQ8_0: return tile_kernel<Q8_0>;
+    case kQ4_0: return tile_kernel<Q4Legacy<false>>;
+    case kQ4_1: return tile_kernel<Q4Legacy<true>>;
+    case kQ4_K: return tile_kernel<Q4_K>;
+    case kQ6_K: return tile_kernel<Q6_K>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace radixlm_gguf

@@ -1,0 +1,194 @@
+// The GGUF linear's AVX-512 VNNI kernels (gguf_kernels.h): a tile's 16 output rows are the 16 int32 lanes of a
+// register, and one vpdpbusd multiplies 4 weights of each row by 4 activation bytes broadcast to every lane, so a
+// K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset),
+// whatever the format. The unpacking of the quants (masks and shifts) is paid once per K-block for up to 8 rows.
+//
+// The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
+// here carries its target attribute (RADIXLM_AVX512, isa.h), so the file builds whatever the build's -march, and runs
+// only after isa::cpu_has_avx512().
+
+#include "gguf_kernels.h"
+#include "isa.h"
+
+namespace radixlm_gguf {
+namespace {
+
+// acc + the 4-byte dot products of w's lanes with the 4 bytes at p, broadcast to every lane: vpdpbusd with the
+// broadcast folded into its memory operand. (GCC emits a separate vpbroadcastd, which takes a vector port: with it a
+// K-block cost about a third more at 8 rows and more.)
+RADIXLM_AVX512 inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+RADIXLM_AVX512 inline __m512 halves16(const uint8_t* p) {  // 16 float16 values, one a row
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+RADIXLM_AVX512 inline __m512 bytes16(const uint8_t* p, bool is_signed) {  // 16 bytes, one a row, as floats
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+RADIXLM_AVX512 inline __m512 negate(__m512 v) {  // -v exactly as C++'s unary minus (the sign bit flipped)
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
+
+// 4-bit quants of one K-block: vector p's low nibbles are group p, its high ones group p + 4.
+RADIXLM_AVX512 inline void nibbles(const uint8_t* quants, __m512i* w) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  for (int p = 0; p < 4; ++p) {
+    const __m512i v = _mm512_loadu_si512(quants + 64 * p);
+    w[p] = _mm512_and_si512(v, low4);
+    w[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+}
+
+// A format: `prepare` reads a super-block's metadata, `block` a K-block's scales and offsets (one a row, for each
+// 16-weight half: the same for both but in Q6_K) and quants, 8 vectors of 16 rows x 4 bytes.
+struct Scales {
+  __m512 scale[2], offset[2];
+};
+
+struct Q8_0 {
+  static constexpr int64_t kSuperWeights = 32, kSuperBytes = 544;
+  static constexpr bool kHalves = false;
+  struct Meta { __m512 d; };
+  RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super)}; }
+  RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int, Scales& s, __m512i* w) {
+    s.scale[0] = m.d;
+    s.offset[0] = _mm512_mul_ps(_mm512_set1_ps(-128.f), m.d);
+    for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(super + 32 + 64 * g);
+  }
+};
+
+template <bool kMin>
+struct Q4Legacy {  // Q4_0: w = d (q - 8); Q4_1: w = d q + m
+  static constexpr int64_t kSuperWeights = 32, kSuperBytes = kMin ? 320 : 288;
+  static constexpr bool kHalves = false;
+  struct Meta { __m512 d, offset; };
+  RADIXLM_AVX512 static Meta prepare(const uint8_t* super) {
+    const __m512 d = halves16(super);
+    return {d, kMin ? halves16(super + 32) : _mm512_mul_ps(_mm512_set1_ps(-8.f), d)};
+  }
+  RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int, Scales& s, __m512i* w) {
+    s.scale[0] = m.d;
+    s.offset[0] = m.offset;
+    nibbles(super + (kMin ? 64 : 32), w);
+  }
+};
+
+struct Q4_K {  // w = (d scale_j) q - (dmin min_j)
+  static constexpr int64_t kSuperWeights = 256, kSuperBytes = 2368;
+  static constexpr bool kHalves = false;
+  struct Meta { __m512 d, dmin; };
+  RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super), halves16(super + 32)}; }
+  RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
+    s.scale[0] = _mm512_mul_ps(m.d, bytes16(super + 64 + 16 * j, false));
+    s.offset[0] = negate(_mm512_mul_ps(m.dmin, bytes16(super + 192 + 16 * j, false)));
+    nibbles(super + 320 + 256 * j, w);
+  }
+};
+
+struct Q6_K {  // w = (d scale) (q - 32), a scale per 16 weights
+  static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
+  static constexpr bool kHalves = true;
+  struct Meta { __m512 d; };
+  RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super)}; }
+  RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
+    for (int h = 0; h < 2; ++h) {
+      s.scale[h] = _mm512_mul_ps(m.d, bytes16(super + 32 + 16 * (2 * j + h), true));
+      s.offset[h] = _mm512_mul_ps(_mm512_set1_ps(-32.f), s.scale[h]);
+    }
+    const uint8_t* quants = super + 288 + 384 * j;
+    nibbles(quants, w);
+    const __m512i bits45 = _mm512_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {  // bits 2c, 2c + 1 of vector h: group 4h + c's, moved to bits 4, 5
+      const __m512i v = _mm512_loadu_si512(quants + 256 + 64 * h);
+      const __m512i moved[4] = {_mm512_slli_epi16(v, 4), _mm512_slli_epi16(v, 2), v, _mm512_srli_epi16(v, 2)};
+      for (int c = 0; c < 4; ++c) w[4 * h + c] = _mm512_or_si512(w[4 * h + c], _mm512_and_si512(moved[c], bits45));
+    }
+  }
+};
+
+constexpr int64_t kPrefetchBytes = 2048;
+
+template <class F, int kRows>
+RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
+                              int64_t cols, const float* bias) {
+  constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
+  const int64_t blocks = x.k / kBlock;
+  __m512 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
+    const typename F::Meta meta = F::prepare(tile);
+#pragma GCC unroll 1
+    for (int j = 0; j < kPerSuper; ++j) {
+      const int64_t b = b0 + j;
+      Scales s;
+      __m512i w[8];
+      // The K-block kPrefetchBytes ahead is requested now: the hardware prefetcher alone left one row's decode at
+      // about half the memory bandwidth.
+      const uint8_t* ahead = tile + kPrefetchBytes + F::kSuperBytes * j / kPerSuper;
+      for (int64_t line = 0; line < F::kSuperBytes / kPerSuper; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+      F::block(meta, tile, j, s, w);
+#pragma GCC unroll 8  // the rows' accumulators stay in registers only when the loop is unrolled
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t m = m0 + r;
+        const int8_t* xq = x.q + m * x.k + b * kBlock;
+        __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) low = dpbusd_broadcast(low, w[g], xq + 4 * g);
+#pragma GCC unroll 4
+        for (int g = 4; g < 8; ++g) high = dpbusd_broadcast(high, w[g], xq + 4 * g);
+        const __m512 step = _mm512_set1_ps(x.step[m * blocks + b]);
+        if (F::kHalves) {
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * blocks + b)]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * blocks + b) + 1]), acc[r]);
+        } else {
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
+          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum32[m * blocks + b]), acc[r]);
+        }
+      }
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 bias_v = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 v = bias ? _mm512_add_ps(acc[r], bias_v) : acc[r];
+    _mm512_mask_storeu_ps(out + (m0 + r) * ld_out, mask, v);
+  }
+}
+
+template <class F>
+RADIXLM_AVX512 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
+                                int64_t ld_out, int64_t cols, const float* bias) {
+  switch (rows) {
+    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias);
+    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias);
+    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias);
+    case 4: return tile_rows<F, 4>(tile, x, m0, out, ld_out, cols, bias);
+    case 5: return tile_rows<F, 5>(tile, x, m0, out, ld_out, cols, bias);
+    case 6: return tile_rows<F, 6>(tile, x, m0, out, ld_out, cols, bias);
+    case 7: return tile_rows<F, 7>(tile, x, m0, out, ld_out, cols, bias);
+    default: return tile_rows<F, 8>(tile, x, m0, out, ld_out, cols, bias);
+  }
+}
+
+}  // namespace
+
+TileKernel avx512_kernel(int64_t type) {
+  switch (type) {
+    case kQ8_0: return tile_kernel<Q8_0>;
+    case kQ4_0: return tile_kernel<Q4Legacy<false>>;
+    case kQ4_1: return tile_kernel<Q4Legacy<true>>;
+    case kQ4_K: return tile_kernel<Q4_K>;
+    case kQ6_K: return tile_kernel<Q6_K>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace radixlm_gguf

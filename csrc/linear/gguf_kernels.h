@@ -1,0 +1,70 @@
+// The GGUF linear's tile kernels, one set per instruction set (linear_gguf.cpp picks one at run time): portable C++
+// (gguf_portable.cpp), AVX2 (gguf_avx2.cpp) and AVX-512 VNNI (gguf_avx512.cpp). The weights are in the tile layout of
+// radixlm/model/gguf_tiles.py (16 output rows side by side, 4 weights a 32-bit lane), the activations quantized to
+// int8 per 32 values (quantize_activations there is the reference).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace radixlm_gguf {
+
+// ggml type ids (gguf.GGMLQuantizationType).
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+constexpr int64_t kTileRows = 16;
+constexpr int64_t kBlock = 32;  // weights per K-block: one activation step, 8 lanes of 4 per row
+
+// A format's tile layout (gguf_tiles.TILE_FORMATS): super-blocks of `super_weights` weights, each `meta_bytes` of
+// metadata for the 16 rows and then super_weights / 32 K-blocks of `kblock_bytes` bytes of quants.
+struct TileFormat {
+  int64_t type;
+  const char* name;
+  int64_t super_weights, meta_bytes, kblock_bytes;
+  int64_t super_bytes() const { return meta_bytes + super_weights / kBlock * kblock_bytes; }
+};
+
+constexpr TileFormat kTileFormats[] = {
+    {kQ8_0, "Q8_0", 32, 32, 512}, {kQ4_0, "Q4_0", 32, 32, 256}, {kQ4_1, "Q4_1", 32, 64, 256},
+    {kQ4_K, "Q4_K", 256, 320, 256}, {kQ6_K, "Q6_K", 256, 288, 384},
+};
+
+// Rows of activations quantized per K-block: q[m * k + i] int8, step[m * k / 32 + b] (the block's dequantization
+// step: absolute maximum / 127; 0 for a zero block, NaN for one holding NaN or inf), isum32[m * k / 32 + b] the
+// block's sum of q, sum32 = step * isum32, sum16[m * k / 16 + h] the same over each 16 values.
+struct Activations {
+  const int8_t* q;
+  const float* step;
+  const int32_t* isum32;
+  const float* sum32;
+  const float* sum16;
+  int64_t k;
+};
+
+// out[(m0 + r) * ld_out + c] = bias[c] + sum_k w[c][k] * x[m0 + r][k] for r < rows, c < cols (<= 16): one tile
+// (`tile`, the format's super-blocks over k) times rows m0 .. m0 + rows of the activations (dequantized: q * step).
+// bias may be null; rows <= kChunkRows.
+constexpr int64_t kChunkRows = 8;
+using TileKernel = void (*)(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
+                            int64_t ld_out, int64_t cols, const float* bias);
+
+TileKernel portable_kernel(int64_t type);
+TileKernel avx2_kernel(int64_t type);
+TileKernel avx512_kernel(int64_t type);
+
+// Row `row` (< 16) of a tile, dequantized to `k` floats at `out` with the float operations of
+// radixlm.model.gguf_blocks.dequantize (so equal to it).
+void dequantize_tile_row(int64_t type, const uint8_t* tile, int64_t k, int64_t row, float* out);
+
+inline uint16_t load_u16(const uint8_t* p) {  // metadata fields need not be aligned
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline int32_t load_i32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace radixlm_gguf

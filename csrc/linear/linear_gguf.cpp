@@ -1,0 +1,234 @@
+// The GGUF linear: y = x W^T (+ b) with W kept in a GGUF file's own 4-, 6- or 8-bit blocks (Q4_0, Q4_1, Q8_0, Q4_K,
+// Q6_K), regrouped into tiles of 16 output rows (radixlm/model/gguf_tiles.py), and x quantized to int8 per 32 values.
+//
+// One kernel serves every row count: decode (a few rows, bound by reading the weights: 0.56 to 1.06 bytes a weight)
+// and prefill chunks (many rows, bound by the multiply-adds, 4 a 32-bit lane with VNNI). Each output element is one
+// thread's sum over K in a fixed order, so a row's result does not depend on the rows beside it or on the threads.
+// Threads take ranges of tiles; within a range, rows go by blocks of kRowBlock (their int8 activations stay in L2
+// while each tile of the range passes over them), each tile by chunks of kChunkRows rows (a chunk's accumulators and
+// the K-block's unpacked weights fill the registers).
+//
+// The instruction set is chosen at run time (isa.h's cpu_has_avx512, cpu_has_avx2), not by the build's -march, so one
+// build serves every x86 CPU and a test can run each path on one machine.
+
+#include "linear_gguf.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/SmallVector.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "gguf_kernels.h"
+#include "isa.h"
+#include "kernel_checks.h"
+
+namespace {
+
+using radixlm_gguf::kBlock;
+using radixlm_gguf::kChunkRows;
+using radixlm_gguf::kTileRows;
+
+constexpr int64_t kRowBlock = 128;
+constexpr int64_t kMaxParts = 8;  // a fused projection's parts of different formats (q/k/v: 3)
+
+const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
+  for (const auto& format : radixlm_gguf::kTileFormats) {
+    if (format.type == ggml_type) return format;
+  }
+  TORCH_CHECK(false, "gguf_linear: ggml type ", ggml_type,
+              " is not supported (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14)");
+}
+
+radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t path) {
+  TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAvx512,
+              "gguf_linear: path must be 0 (best), 1 (portable), 2 (AVX2) or 3 (AVX-512 VNNI), got ", path);
+  const bool avx512 = radixlm::isa::cpu_has_avx512(), avx2 = radixlm::isa::cpu_has_avx2();
+  TORCH_CHECK(path != radixlm::kGgufPathAvx512 || avx512, "gguf_linear: this CPU cannot run the AVX-512 VNNI path");
+  TORCH_CHECK(path != radixlm::kGgufPathAvx2 || avx2, "gguf_linear: this CPU cannot run the AVX2 path");
+  if (path == radixlm::kGgufPathBest) {
+    path = avx512 ? radixlm::kGgufPathAvx512 : avx2 ? radixlm::kGgufPathAvx2 : radixlm::kGgufPathPortable;
+  }
+  if (path == radixlm::kGgufPathAvx512) return radixlm_gguf::avx512_kernel(ggml_type);
+  if (path == radixlm::kGgufPathAvx2) return radixlm_gguf::avx2_kernel(ggml_type);
+  return radixlm_gguf::portable_kernel(ggml_type);
+}
+
+// The quantized activations, all in one buffer (one allocation a call: a decode step makes a hundred calls).
+struct QuantizedRows {
+  at::Tensor buffer;
+  radixlm_gguf::Activations view;
+};
+
+// One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
+void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16) {
+  float top = 0.f;
+  bool finite = true;
+  for (int i = 0; i < kBlock; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    top = std::max(top, std::fabs(x[i]));
+  }
+  const float inverse = 127.f / top;
+  const bool usable = finite && top > 0.f && std::isfinite(inverse);
+  int32_t halves[2] = {0, 0};
+  for (int i = 0; i < kBlock; ++i) {
+    const int32_t v = usable ? static_cast<int32_t>(std::nearbyint(x[i] * inverse)) : 0;
+    q[i] = static_cast<int8_t>(v);
+    halves[i / 16] += v;
+  }
+  *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
+  *isum32 = halves[0] + halves[1];
+  *sum32 = *step * static_cast<float>(*isum32);
+  sum16[0] = *step * static_cast<float>(halves[0]);
+  sum16[1] = *step * static_cast<float>(halves[1]);
+}
+
+QuantizedRows quantize_rows(const float* x, int64_t m_dim, int64_t k_dim) {
+  const int64_t blocks = m_dim * (k_dim / kBlock);
+  // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
+  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, isum32; sum16
+  at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
+  float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
+  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
+  int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
+  int8_t* q = reinterpret_cast<int8_t*>(floats + words);
+  at::parallel_for(0, blocks, 4096, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      quantize_block(x + i * kBlock, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
+    }
+  });
+  return {buffer, {q, step, isum32, sum32, sum16, k_dim}};
+}
+
+struct Part {
+  const uint8_t* tiles;
+  int64_t tile_bytes, out_features, first_tile, first_column;
+  radixlm_gguf::TileKernel kernel;
+};
+
+}  // namespace
+
+at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArrayRef types,
+                                at::IntArrayRef out_features, const c10::optional<at::Tensor>& bias, int64_t path) {
+  TORCH_CHECK(!tiles.empty() && static_cast<int64_t>(tiles.size()) <= kMaxParts, "gguf_linear takes 1 to ",
+              kMaxParts, " parts, got ", tiles.size());
+  TORCH_CHECK(types.size() == tiles.size() && out_features.size() == tiles.size(),
+              "gguf_linear: tiles, types and out_features must have one entry per part");
+  radixlm::check_dense_float_cpu(input, "x");
+  TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
+  const int64_t k_dim = input.size(-1);
+  c10::SmallVector<Part, kMaxParts> parts;
+  int64_t n_dim = 0, num_tiles = 0;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    const radixlm_gguf::TileFormat& format = find_format(types[i]);
+    TORCH_CHECK(k_dim > 0 && k_dim % format.super_weights == 0, "gguf_linear: ", format.name,
+                " needs x's features to be a positive multiple of ", format.super_weights, ", got ", k_dim);
+    TORCH_CHECK(out_features[i] > 0, "gguf_linear: out_features must be positive, got ", out_features[i]);
+    const int64_t part_tiles = (out_features[i] + kTileRows - 1) / kTileRows;
+    const int64_t tile_bytes = k_dim / format.super_weights * format.super_bytes();
+    radixlm::check_dense_cpu(tiles[i], "tiles");
+    TORCH_CHECK(tiles[i].scalar_type() == at::kByte && tiles[i].is_contiguous() &&
+                    tiles[i].sizes() == at::IntArrayRef({part_tiles, tile_bytes}),
+                "gguf_linear: part ", i, " must be contiguous uint8 [", part_tiles, ", ", tile_bytes, "] (",
+                format.name,
+                ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
+    parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
+                     select_kernel(types[i], path)});
+    n_dim += out_features[i];
+    num_tiles += part_tiles;
+  }
+  if (bias.has_value()) {
+    radixlm::check_dense_float_cpu(*bias, "bias");
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n_dim && bias->is_contiguous(),
+                "bias must be contiguous float32 [", n_dim, "]");
+  }
+  const at::Tensor x = input.contiguous();
+  const int64_t m_dim = x.numel() / k_dim;
+  at::Tensor out = radixlm::empty_output(x, n_dim);
+  if (m_dim == 0) return out;
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), m_dim, k_dim);
+  const radixlm_gguf::Activations& a = rows.view;
+  float* out_data = out.data_ptr<float>();
+  const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  // One task a thread, each an equal share of the weight bytes (parts of different formats have tiles of different
+  // sizes, and at one row the bytes are the time), each reading at least kGrainBytes per row it serves: a small
+  // layer stays on one thread.
+  int64_t total_bytes = 0;
+  for (const Part& part : parts) total_bytes += (part.out_features + kTileRows - 1) / kTileRows * part.tile_bytes;
+  const int64_t work = total_bytes * std::min(m_dim, kRowBlock);
+  const int64_t num_tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / radixlm::kGrainBytes));
+  // The first tile whose bytes start at or after `offset`.
+  auto tile_at = [&](int64_t offset) {
+    for (const Part& part : parts) {
+      const int64_t part_tiles = (part.out_features + kTileRows - 1) / kTileRows;
+      if (offset < part_tiles * part.tile_bytes) {
+        return part.first_tile + (offset + part.tile_bytes - 1) / part.tile_bytes;
+      }
+      offset -= part_tiles * part.tile_bytes;
+    }
+    return num_tiles;
+  };
+  at::parallel_for(0, num_tasks, 1, [&](int64_t first_task, int64_t last_task) {
+    const int64_t first = tile_at(total_bytes * first_task / num_tasks);
+    const int64_t last = tile_at(total_bytes * last_task / num_tasks);
+    for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
+      const int64_t row_end = std::min(m_dim, row_block + kRowBlock);
+      size_t p = 0;
+      for (int64_t t = first; t < last; ++t) {
+        while (t >= parts[p].first_tile + (parts[p].out_features + kTileRows - 1) / kTileRows) ++p;
+        const Part& part = parts[p];
+        const int64_t local = t - part.first_tile;
+        const int64_t column = part.first_column + local * kTileRows;
+        const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
+        const uint8_t* tile = part.tiles + local * part.tile_bytes;
+        for (int64_t m = row_block; m < row_end; m += kChunkRows) {
+          part.kernel(tile, a, m, std::min(kChunkRows, row_end - m), out_data + column, n_dim, cols,
+                      bias_data ? bias_data + column : nullptr);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor radixlm::gguf_rows(const at::Tensor& tiles, int64_t type, int64_t in_features, int64_t out_features,
+                              const at::Tensor& ids) {
+  const radixlm_gguf::TileFormat& format = find_format(type);
+  TORCH_CHECK(in_features > 0 && in_features % format.super_weights == 0, "gguf_rows: ", format.name,
+              " rows hold a positive multiple of ", format.super_weights, " weights, got ", in_features);
+  TORCH_CHECK(out_features > 0, "gguf_rows: out_features must be positive, got ", out_features);
+  const int64_t tile_bytes = in_features / format.super_weights * format.super_bytes();
+  radixlm::check_dense_cpu(tiles, "tiles");
+  TORCH_CHECK(tiles.scalar_type() == at::kByte && tiles.is_contiguous() &&
+                  tiles.sizes() == at::IntArrayRef({(out_features + kTileRows - 1) / kTileRows, tile_bytes}),
+              "gguf_rows: tiles must be contiguous uint8 [", (out_features + kTileRows - 1) / kTileRows, ", ",
+              tile_bytes, "], got ", tiles.scalar_type(), " ", tiles.sizes());
+  radixlm::check_dense_cpu(ids, "ids");
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "gguf_rows: ids must be int64, got ", ids.scalar_type());
+  const at::Tensor flat = ids.contiguous().reshape({-1});
+  const int64_t* id = flat.data_ptr<int64_t>();
+  const int64_t count = flat.numel();
+  for (int64_t i = 0; i < count; ++i) {
+    TORCH_CHECK(id[i] >= 0 && id[i] < out_features, "gguf_rows: id ", id[i], " is outside [0, ", out_features, ")");
+  }
+  at::Tensor out = at::empty({count, in_features}, at::TensorOptions().dtype(at::kFloat));
+  float* data = out.data_ptr<float>();
+  const uint8_t* base = tiles.data_ptr<uint8_t>();
+  at::parallel_for(0, count, 16, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      radixlm_gguf::dequantize_tile_row(type, base + id[i] / kTileRows * tile_bytes, in_features, id[i] % kTileRows,
+                                        data + i * in_features);
+    }
+  });
+  return out;
+}
+
+std::vector<int64_t> radixlm::gguf_linear_paths() {
+  std::vector<int64_t> paths{kGgufPathPortable};
+  if (isa::cpu_has_avx2()) paths.push_back(kGgufPathAvx2);
+  if (isa::cpu_has_avx512()) paths.push_back(kGgufPathAvx512);
+  return paths;
+}

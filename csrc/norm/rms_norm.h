@@ -1,0 +1,12 @@
+// RMSNorm of rms_norm.cpp, for its dispatcher registration and the direct entry point in csrc/bindings.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace radixlm {
+
+// weight * (x * rsqrt(mean(x * x, -1) + eps)) for float32 CPU x [..., N] and weight [N], bit for bit as transformers'
+// float32 RMSNorm computes it.
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps);
+
+}  // namespace radixlm

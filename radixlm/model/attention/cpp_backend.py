@@ -1,0 +1,136 @@
+"""The C++ attention backend (`--attention-backend cpp`, the default when radixlm._C is built): the op
+`radixlm::paged_decode_attention` (csrc/attention/paged_attention.cpp).
+
+Every row of every chunk attends as the decode of its position, one call per layer, reading K/V blocks in place
+through a flat block table built once per step (`DecodeTables`). A token's numbers therefore never depend on how its
+prompt was chunked, cached or batched, and the kernel reads a chunk's context once for all its rows. The op also
+writes the step's new K/V itself (one call per layer instead of two). It is a registered custom op with a fake
+kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 layers take its direct entry
+point instead (`decode_layer`), without the dispatcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
+from radixlm.model.attention.kv_write import kernel_takes_rows, write_kv
+from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.ops import direct_kernel, extension_error
+
+# A step's new K/V: (slot_mapping `[T]` int64, keys `[T, Hkv, D]`, values `[T, Hkv, D]`), rows in query order.
+NewRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class DecodeTables:
+    """Per-step inputs of the kernel, built once per step: request b's blocks are
+    `block_table[block_offsets[b]:]`, its context `context_lens[b]` positions (all int32)."""
+
+    block_table: torch.Tensor
+    block_offsets: torch.Tensor
+    context_lens: torch.Tensor
+    block_size: int
+
+    @classmethod
+    def build(cls, block_tables: list[list[int]], context_lens: list[int], block_size: int) -> DecodeTables:
+        """`block_tables[b]` must hold at least the blocks of `context_lens[b]` positions. Consecutive rows given
+        the same table object with non-decreasing lengths (a decode verifying drafts: a row per position) share
+        one copy of it, and the kernel reads their context once for all of them."""
+        flat: list[int] = []
+        offsets: list[int] = []
+        previous: list[int] | None = None
+        previous_len = 0
+        for table, length in zip(block_tables, context_lens, strict=True):
+            if table is previous and length >= previous_len:
+                offsets.append(offsets[-1])
+                flat.extend(table[-(-previous_len // block_size):-(-length // block_size)])
+            else:
+                offsets.append(len(flat))
+                flat.extend(table[:-(-length // block_size)])
+            previous, previous_len = table, length
+        return cls(torch.tensor(flat, dtype=torch.int32), torch.tensor(offsets, dtype=torch.int32),
+                   torch.tensor(context_lens, dtype=torch.int32), block_size)
+
+
+@dataclass
+class CppAttentionMetadata(AttentionMetadata):
+    """The C++ backend's view of a forward: the kernel's block tables, a row per query row."""
+
+    tables: DecodeTables
+
+
+class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
+    """Every row of the forward attends as a decode, in one C++ call per layer (CPU, float32 or bfloat16 caches)."""
+
+    name = "cpp"
+    runs_cpp_kernels = True
+
+    def __init__(self) -> None:
+        """Needs the extension (`radixlm.model.ops.extension_error`); its kernel is CPU code."""
+        error = extension_error()
+        if error is not None:
+            raise RuntimeError(f"radixlm._C is not built: {error}")
+
+    def build_metadata(self, chunks: Sequence[ChunkRows], kv_cache: PagedKVCache,
+                       slot_mapping: torch.Tensor) -> CppAttentionMetadata:
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        for chunk in chunks:
+            lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
+            tables.extend([chunk.block_table] * chunk.num_tokens)  # one object: the kernel shares it
+        return CppAttentionMetadata(self, kv_cache, slot_mapping, DecodeTables.build(tables, lens, kv_cache.block_size))
+
+    def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                metadata: CppAttentionMetadata, scaling: float | None, sliding_window: int | None,
+                softcap: float | None) -> torch.Tensor:
+        key_cache = metadata.kv_cache.key_caches[layer]
+        value_cache = metadata.kv_cache.value_caches[layer]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = decode_layer(query, key, value, key_cache, value_cache, metadata.tables, metadata.slot_mapping, scale,
+                           sliding_window, softcap)
+        if out is not None:
+            return out
+        new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
+        rows = query[0].transpose(0, 1)  # [T, Hq, D]
+        new_rows: NewRows | None = (metadata.slot_mapping, new_keys, new_values)
+        if not kernel_takes_rows(new_keys, new_values):
+            write_kv(key_cache, value_cache, metadata.slot_mapping, new_keys, new_values)
+            new_rows = None
+        return paged_decode_attention(rows, key_cache, value_cache, metadata.tables, scale, sliding_window, softcap,
+                                      new_rows)[None]
+
+
+def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, tables: DecodeTables, slot_mapping: torch.Tensor, scale: float,
+                 sliding_window: int | None, softcap: float | None) -> torch.Tensor | None:
+    """One attention layer in one C++ call from the tensors transformers passes: query `[1, Hq, T, D]` and the new
+    key/value `[1, Hkv, T, D]` -> `[1, T, Hq, D]`, the new K/V written at `slot_mapping` first. It takes the direct
+    entry point (`radixlm._C.decode_attention`: the op without the dispatcher, and the views taken in C++; about 7 us
+    a layer less) for float32 CPU tensors without autograd; None otherwise, and the caller goes the general way."""
+    if (query.dtype != torch.float32 or not kernel_takes_rows(key, value) or key_cache.device.type != "cpu"
+            or torch.is_grad_enabled()):
+        return None
+    return direct_kernel("decode_attention")(query, key, value, key_cache, value_cache, tables.block_table,
+                                             tables.block_offsets, tables.context_lens, slot_mapping,
+                                             tables.block_size, scale, sliding_window or 0, softcap or 0.0)
+
+
+def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                           tables: DecodeTables, scale: float, sliding_window: int | None,
+                           softcap: float | None, new_rows: NewRows | None = None) -> torch.Tensor:
+    """query `[B, Hq, D]` (any float dtype) over caches `[num_slots, Hkv, D]` (float32 or bfloat16) -> `[B, Hq, D]`
+    in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
+    soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32. With `new_rows`
+    (one per query row, float32) the kernel first writes them into the caches, as `write_kv` would."""
+    error = extension_error()  # cached: imports the extension on first use
+    if error is not None:
+        raise RuntimeError(f"radixlm._C is not built: {error}")
+    slot_mapping, new_keys, new_values = new_rows if new_rows is not None else (None, None, None)
+    out = torch.ops.radixlm.paged_decode_attention(
+        query.float(), key_cache, value_cache, tables.block_table, tables.block_offsets, tables.context_lens,
+        tables.block_size, scale, sliding_window or 0, softcap or 0.0, slot_mapping, new_keys, new_values)
+    return out.to(query.dtype)
