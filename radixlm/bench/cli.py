@@ -71,9 +71,18 @@ def _cmd_sampler(args: argparse.Namespace) -> None:
 
 def _cmd_soak(args: argparse.Namespace) -> None:
     from radixlm.bench.soak import bench_soak
+    from radixlm.bench.soak_attack import HostileOptions
     from radixlm.cli import engine_kwargs
 
-    if not bench_soak(args.base_url, engine_kwargs(args), args.num_requests, args.concurrency, args.workload_seed):
+    for name in ("hostile_requests", "hostile_concurrency"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0.001 <= args.tiny_interval <= 10:
+        raise ValueError("--tiny-interval must be between 0.001 and 10 seconds")
+    hostile = (HostileOptions(args.hostile_requests, args.hostile_concurrency, args.tiny_interval)
+               if args.hostile else None)
+    if not bench_soak(args.base_url, engine_kwargs(args), args.num_requests, args.concurrency, args.workload_seed,
+                      hostile):
         raise SystemExit(1)
 
 
@@ -252,6 +261,13 @@ def add_bench_commands(commands: Any) -> None:
     soak.add_argument("--num-requests", type=int, default=1000)
     soak.add_argument("--concurrency", type=int, default=64)
     soak.add_argument("--workload-seed", type=int, default=0)
+    soak.add_argument("--hostile", action="store_true",
+                      help="after the mix, an attack phase (huge distinct grammars, request smuggling, huge tool "
+                           "texts) timed by a trickle of tiny requests; PASS also needs their p99 < 1 s")
+    soak.add_argument("--hostile-requests", type=int, default=4, help="--hostile: attacks of each of the 5 kinds")
+    soak.add_argument("--hostile-concurrency", type=int, default=4, help="--hostile: attacks in flight at once")
+    soak.add_argument("--tiny-interval", type=float, default=0.075,
+                      help="--hostile: seconds between two tiny requests (each on a fresh connection)")
     add_engine_args(soak)
     soak.set_defaults(handler=_cmd_soak)
 

@@ -6,6 +6,11 @@ then sends the mix of `soak_requests` (streaming, n > 1, grammars, stops, logpro
 random, malformed bodies). At the end it checks: no crash (the process alive, `/health` 200), no 5xx, no dropped
 connection the client did not drop itself, nothing running or waiting, no KV block held (leaked), the same greedy
 answers, and the server's RSS within 1.1x of its RSS after the warm-up. One PASS/FAIL line sums it up.
+
+`--hostile` adds an attack phase after the mix (`soak_attack`, `soak_hostile`): huge distinct grammars, request
+smuggling on raw sockets, huge tool texts, while tiny requests time the delay other clients see. PASS then also
+needs the tiny requests' p99 under 1 s, no smuggled answer, and the RSS within 1.1x of (the RSS after the warm-up +
+the grammar cache budget that /metrics reports). Under data parallelism every gauge is summed over the replicas.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ import httpx
 
 from radixlm.bench.serve import engine_flags, own_server
 from radixlm.bench.serve_report import percentile
+from radixlm.bench.soak_attack import HostileOptions, HostileTally, run_attacks, warm_up_attacks
+from radixlm.bench.soak_hostile import build_attacks
 from radixlm.bench.soak_requests import SoakRequest, build_requests, greedy_probes
+from radixlm.bench.soak_verdict import GRAMMAR_BUDGET, GRAMMAR_BYTES, hostile_passed, print_hostile, rss_limit
 
-RSS_GROWTH_LIMIT = 1.1
+STATE_METRICS = ("radixlm:num_requests_running", "radixlm:num_requests_waiting", "radixlm:kv_cache_used_blocks",
+                 "process_resident_memory_bytes", GRAMMAR_BYTES, GRAMMAR_BUDGET)
 
 
 @dataclass
@@ -90,17 +99,21 @@ async def run_mix(http: httpx.AsyncClient, requests: list[SoakRequest], concurre
     await asyncio.gather(*(one(r) for r in requests))
 
 
-async def server_state(http: httpx.AsyncClient) -> dict[str, float]:
-    """The metrics the verdict needs (gauges of the engine, the process's RSS)."""
-    text = (await http.get("/metrics")).text
-    wanted = ("radixlm:num_requests_running", "radixlm:num_requests_waiting", "radixlm:kv_cache_used_blocks",
-              "process_resident_memory_bytes")
-    state = {}
+def parse_state(text: str) -> dict[str, float]:
+    """The STATE_METRICS found in a Prometheus exposition, each summed over its samples: data parallelism shows
+    every replica's gauges apart (a `replica` label), and a leak or a request left running in any of them counts.
+    A metric the server does not expose is absent."""
+    state: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in wanted:
-            state[name] = float(line.rsplit(" ", 1)[1])
+        if name in STATE_METRICS:
+            state[name] = state.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return state
+
+
+async def server_state(http: httpx.AsyncClient) -> dict[str, float]:
+    """The metrics the verdict needs (gauges of the engine, the process's RSS), summed over replicas."""
+    return parse_state((await http.get("/metrics")).text)
 
 
 async def settle(http: httpx.AsyncClient, timeout: float = 120.0) -> dict[str, float]:
@@ -114,27 +127,45 @@ async def settle(http: httpx.AsyncClient, timeout: float = 120.0) -> dict[str, f
         await asyncio.sleep(0.2)
 
 
-async def soak(base_url: str, num_requests: int, concurrency: int, seed: int) -> bool:
+async def soak(base_url: str, num_requests: int, concurrency: int, seed: int,
+               hostile: HostileOptions | None = None) -> bool:
     async with httpx.AsyncClient(base_url=base_url, timeout=600,
                                  limits=httpx.Limits(max_connections=concurrency + 8)) as http:
         tally = SoakTally()
         probes = greedy_probes()
         before = [await send(http, probe, tally) for probe in probes]
         await run_mix(http, build_requests(max(20, num_requests // 10), seed + 1), concurrency, SoakTally())
+        if hostile is not None:
+            await run_attacks(base_url, warm_up_attacks(seed + 1), hostile, HostileTally())
         warm = await settle(http)
         started = time.perf_counter()
         await run_mix(http, build_requests(num_requests, seed), concurrency, tally)
         seconds = time.perf_counter() - started
+        hostile_tally, hostile_seconds = HostileTally(), 0.0
+        mixed: dict[str, float] = {}
+        if hostile is not None:
+            attacks = await asyncio.to_thread(build_attacks, hostile.num_each, seed)  # before the clock starts
+            mixed = await settle(http)  # the attacks' delays, not the mix's tail, are what the tiny requests time
+            hostile_seconds = await run_attacks(base_url, attacks, hostile, hostile_tally)
         final = await settle(http)
         after = [await send(http, probe, tally) for probe in probes]
         healthy = (await http.get("/health")).status_code == 200
-    return report(tally, seconds, warm, final, before, after, healthy)
+    passed = report(tally, seconds, warm, final, before, after, healthy, hostile is not None)
+    if hostile is None:
+        return passed
+    print_hostile(hostile_tally, hostile_seconds, mixed, final)
+    passed = hostile_passed(hostile_tally) and passed
+    print("PASS (with --hostile)" if passed else "FAIL (with --hostile)")
+    return passed
 
 
 def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict[str, float],
-           before: list[str | None], after: list[str | None], healthy: bool) -> bool:
+           before: list[str | None], after: list[str | None], healthy: bool, hostile: bool = False) -> bool:
+    """Print the mix's lines and the end state; True if they pass. `hostile`: the RSS limit allows for the grammar
+    cache budget (`rss_limit`), and the PASS/FAIL line is left to the caller, who adds the attack phase's verdict."""
     rss_warm = warm.get("process_resident_memory_bytes", 0.0)
     rss_final = final.get("process_resident_memory_bytes", 0.0)
+    limit, rule = rss_limit(warm, final, hostile)
     leaked = int(final.get("radixlm:kv_cache_used_blocks", -1))
     running = int(final.get("radixlm:num_requests_running", -1))
     waiting = int(final.get("radixlm:num_requests_waiting", -1))
@@ -147,25 +178,26 @@ def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict
         print(f"latency of answered requests: p50 {statistics.median(tally.latencies):.2f} s, "
               f"p99 {percentile(tally.latencies, 99):.2f} s")
     print(f"crashes: {crashes}; leaked blocks: {leaked}; running/waiting at the end: {running}/{waiting}")
-    print(f"RSS: {rss_warm / 2**20:.0f} MiB after warm-up, {rss_final / 2**20:.0f} MiB after the soak "
-          f"({rss_final / max(rss_warm, 1):.3f}x; limit {RSS_GROWTH_LIMIT}x)")
+    print(f"RSS: {rss_warm / 2**20:.0f} MiB after warm-up, {rss_final / 2**20:.0f} MiB at the end "
+          f"({rss_final / max(rss_warm, 1):.3f}x); limit {limit / 2**20:.0f} MiB: {rule}")
     print(f"greedy answers before and after: {'unchanged' if same_greedy else 'CHANGED'}")
     for problem in tally.problems:
         print(f"  problem: {problem}")
     passed = (crashes == 0 and tally.num_5xx == 0 and tally.num_dropped == 0 and tally.num_wrong == 0
-              and leaked == 0 and running == 0 and waiting == 0 and same_greedy
-              and rss_final <= RSS_GROWTH_LIMIT * rss_warm)
-    print("PASS" if passed else "FAIL")
+              and leaked == 0 and running == 0 and waiting == 0 and same_greedy and rss_final <= limit)
+    if not hostile:
+        print("PASS" if passed else "FAIL")
     return passed
 
 
 def bench_soak(base_url: str | None, engine_options: dict[str, Any], num_requests: int, concurrency: int,
-               seed: int) -> bool:
-    """Run the soak against `base_url`, or against a server started with `engine_options`; True if it passed."""
+               seed: int, hostile: HostileOptions | None = None) -> bool:
+    """Run the soak against `base_url`, or against a server started with `engine_options`; True if it passed.
+    `hostile` adds the attack phase (`--hostile`)."""
     if base_url is not None:
-        return asyncio.run(soak(base_url, num_requests, concurrency, seed))
+        return asyncio.run(soak(base_url, num_requests, concurrency, seed, hostile))
     with own_server(engine_flags(engine_options)) as (url, process):
-        passed = asyncio.run(soak(url, num_requests, concurrency, seed))
+        passed = asyncio.run(soak(url, num_requests, concurrency, seed, hostile))
         if process.poll() is not None:
             print(f"FAIL: the server exited with {process.returncode}")
             return False
