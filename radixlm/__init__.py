@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from radixlm.engine.llm import LLM
     from radixlm.engine.llm_engine import LLMEngine
-    from radixlm.engine.outputs import CompletionOutput, RequestOutput
+    from radixlm.llm import LLM
+    from radixlm.outputs import CompletionOutput, RequestOutput
     from radixlm.pooling_params import PoolingParams
     from radixlm.sampling_params import SamplingParams
 
-_EXPORTS = {"LLM": "radixlm.engine.llm", "LLMEngine": "radixlm.engine.llm_engine",
-            "CompletionOutput": "radixlm.engine.outputs", "RequestOutput": "radixlm.engine.outputs",
+_EXPORTS = {"LLM": "radixlm.llm", "LLMEngine": "radixlm.engine.llm_engine",
+            "CompletionOutput": "radixlm.outputs", "RequestOutput": "radixlm.outputs",
             "SamplingParams": "radixlm.sampling_params", "PoolingParams": "radixlm.pooling_params",
             "CacheConfig": "radixlm.config",
             "EngineConfig": "radixlm.config", "ModelConfig": "radixlm.config", "SchedulerConfig": "radixlm.config"}

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from radixlm.config import EngineConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
-from radixlm.engine.outputs import CompletionOutput, RequestOutput
+from radixlm.outputs import CompletionOutput, RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
@@ -19,7 +19,7 @@ Message = dict[str, Any]
 
 class LLM:
     """Offline batch generation. Keyword arguments are engine options (see `radixlm.config`);
-    `data_parallel_size=N` runs N engine replicas (`radixlm.distributed.offline`)."""
+    `data_parallel_size=N` runs N engine replicas (`radixlm.data_parallel.offline`)."""
 
     def __init__(self, model: str | None = None, **engine_options: Any) -> None:
         if model is not None:
@@ -27,7 +27,7 @@ class LLM:
         # Validated first: a bad option is a ValueError naming it, before any replica starts.
         num_replicas = EngineConfig.from_kwargs(**engine_options).parallel.data_parallel_size
         if num_replicas > 1:  # replicas behind a cache-aware router, each stepping in its own thread
-            from radixlm.distributed.offline import DataParallelLLMEngine
+            from radixlm.data_parallel.offline import DataParallelLLMEngine
 
             self.engine: LLMEngine | DataParallelLLMEngine = DataParallelLLMEngine(engine_options, num_replicas)
         else:

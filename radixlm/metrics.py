@@ -25,7 +25,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from radixlm.engine.outputs import RequestOutput
+from radixlm.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from radixlm.structured.compile_cache import GrammarCacheStats

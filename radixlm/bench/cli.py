@@ -28,7 +28,7 @@ def _cmd_evict(args: argparse.Namespace) -> None:
 def _cmd_offline(args: argparse.Namespace) -> None:
     from radixlm.bench.offline import bench_offline
     from radixlm.bench.workload import parse_range
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
     bench_offline(engine_kwargs(args), args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
@@ -38,7 +38,7 @@ def _cmd_offline(args: argparse.Namespace) -> None:
 
 def _cmd_prefix(args: argparse.Namespace) -> None:
     from radixlm.bench.prefix import bench_prefix
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     options = engine_kwargs(args)
     options.pop("enable_prefix_caching", None)  # the bench runs both settings
@@ -49,7 +49,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     from radixlm.bench.serve import BenchOptions, bench_serve
     from radixlm.bench.serve_workloads import WORKLOADS, WorkloadSpec
     from radixlm.bench.workload import parse_range
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -64,7 +64,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
 
 def _cmd_sampler(args: argparse.Namespace) -> None:
     from radixlm.bench.sampler import bench_sampler
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
 
@@ -72,7 +72,7 @@ def _cmd_sampler(args: argparse.Namespace) -> None:
 def _cmd_soak(args: argparse.Namespace) -> None:
     from radixlm.bench.soak import bench_soak
     from radixlm.bench.soak_attack import HostileOptions
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     for name in ("hostile_requests", "hostile_concurrency"):
         if getattr(args, name) < 1:
@@ -89,7 +89,7 @@ def _cmd_soak(args: argparse.Namespace) -> None:
 def _cmd_trace(args: argparse.Namespace) -> None:
     from radixlm.bench.trace_cost import bench_trace
     from radixlm.bench.workload import parse_range
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     options = engine_kwargs(args)
     options.pop("trace", None)  # the bench runs both settings
@@ -129,7 +129,7 @@ def _cmd_peers(args: argparse.Namespace) -> None:
 
 def _cmd_structured(args: argparse.Namespace) -> None:
     from radixlm.bench.structured import bench_structured
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     bench_structured(engine_kwargs(args), args.num_requests, args.num_tokens, args.repeats)
 
@@ -140,7 +140,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _cmd_step(args: argparse.Namespace) -> None:
     from radixlm.bench.step import QUICK_GRID, StepGrid, bench_step
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     prefix_modes = {"none": (False,), "shared": (True,), "both": (False, True)}[args.prefix]
     if args.quick:
@@ -152,14 +152,14 @@ def _cmd_step(args: argparse.Namespace) -> None:
 
 def _cmd_quality(args: argparse.Namespace) -> None:
     from radixlm.bench.quality import bench_quality
-    from radixlm.cli import engine_kwargs
+    from radixlm.engine_args import engine_kwargs
 
     bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window,
                   reference_model=args.reference_model)
 
 
 def add_bench_commands(commands: Any) -> None:
-    from radixlm.cli import add_engine_args
+    from radixlm.engine_args import add_engine_args
 
     bench = commands.add_parser("bench", help="benchmarks against peers in the same run")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from radixlm.bench.workload import BenchRequest, random_requests
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 from radixlm.model.loader import float32_checkpoint, load_tokenizer, resolve_model_dir
 from radixlm.sampling_params import SamplingParams
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 from radixlm.sampling_params import SamplingParams
 
 TEXT_PATH = Path(__file__).parent / "data" / "public_domain.txt"

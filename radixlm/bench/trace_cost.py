@@ -10,7 +10,7 @@ from pathlib import Path
 
 from radixlm.bench.offline import run_radixlm
 from radixlm.bench.workload import random_requests
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 
 
 def bench_trace(engine_options: dict, num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from radixlm.distributed.router import CacheAwareRouter, RouterConfig
+from radixlm.data_parallel.router import CacheAwareRouter, RouterConfig
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, OutputStream, group_request_ids
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.metrics import EngineMetrics, MergedMetrics

@@ -17,10 +17,10 @@ from collections.abc import Sequence as Seq
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from radixlm.distributed.data_parallel import replica_engine_options
-from radixlm.distributed.router import CacheAwareRouter
+from radixlm.data_parallel.engine import replica_engine_options
+from radixlm.data_parallel.router import CacheAwareRouter
 from radixlm.engine.llm_engine import LLMEngine, build_engine
-from radixlm.engine.outputs import RequestOutput
+from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.engine.llm_engine import LLMEngine
-from radixlm.engine.outputs import RequestOutput
 from radixlm.metrics import EngineMetrics, SchedulerStats
+from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 from radixlm.structured.manager import StructuredOutputs

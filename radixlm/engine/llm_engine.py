@@ -36,17 +36,17 @@ from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_formatter import LogprobFormatter
 from radixlm.engine.output_processor import OutputProcessor
-from radixlm.engine.outputs import RequestOutput
+from radixlm.engine.trace_recorder import TraceRecorder
 from radixlm.errors import ParamError
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
+from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.speculative.drafter import NgramDrafter
 from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.structured.manager import StructuredOutputs
-from radixlm.trace.recorder import TraceRecorder
 from radixlm.worker.process import WorkerDiedError, WorkerProcess
 from radixlm.worker.worker import ModelWorker
 

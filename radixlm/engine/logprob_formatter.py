@@ -10,7 +10,7 @@ from __future__ import annotations
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.core.step import TokenLogprobs
-from radixlm.engine.outputs import Logprob, PositionLogprobs
+from radixlm.outputs import Logprob, PositionLogprobs
 
 
 class LogprobFormatter:

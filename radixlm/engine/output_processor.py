@@ -14,10 +14,10 @@ from collections.abc import Callable
 from radixlm.core.step import RequestError, RequestUpdate, TextStop
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_formatter import LogprobFormatter
-from radixlm.engine.outputs import RequestOutput
 from radixlm.engine.parent_request import ParentRequest, RequestState
+from radixlm.engine.trace_recorder import TraceRecorder
+from radixlm.outputs import RequestOutput
 from radixlm.request import RequestStatus
-from radixlm.trace.recorder import TraceRecorder
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from radixlm.core.step import TokenLogprobs
-from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.engine.text_stream import TextStream
+from radixlm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.request import Request
 from radixlm.sampling_params import SamplingParams
 

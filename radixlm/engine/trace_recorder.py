@@ -22,15 +22,18 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from radixlm.config import EngineConfig
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput
-from radixlm.engine.outputs import RequestOutput
-from radixlm.engine.parent_request import ParentRequest
+from radixlm.outputs import RequestOutput
 from radixlm.request import Request
-from radixlm.trace.trace_fields import TRACE_VERSION
+
+if TYPE_CHECKING:  # the trace tools import TRACE_VERSION from here and load no tokenizer library
+    from radixlm.engine.parent_request import ParentRequest
+
+TRACE_VERSION = 1  # the format this recorder writes and `radixlm/trace/` reads
 
 
 def prompt_hash(token_ids: list[int]) -> str:

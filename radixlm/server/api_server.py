@@ -29,7 +29,7 @@ from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import JSONResponse
 
 from radixlm.config import DEFAULT_MODEL
-from radixlm.distributed.data_parallel import DataParallelEngine, replica_engine_options
+from radixlm.data_parallel.engine import DataParallelEngine, replica_engine_options
 from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics, ScrapeSample, read_on_scrape
@@ -42,7 +42,7 @@ from radixlm.server.dashboard import dashboard_router
 from radixlm.server.embeddings import Embeddings
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
 from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
-from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary
+from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary, ReleaseMemoryAfterBigBodies
 from radixlm.server.openai_responses import OpenAIResponses
 from radixlm.server.openai_responses.store import DEFAULT_MAX_BYTES as DEFAULT_STORE_BYTES
 from radixlm.server.openai_responses.store import ResponseStore
@@ -123,6 +123,7 @@ def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], L
     # Outermost last: ErrorBoundary sees everything, the key is checked before the body is read or limited.
     app.add_middleware(BodyReadTimeout, seconds=body_timeout)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    app.add_middleware(ReleaseMemoryAfterBigBodies)
     app.add_middleware(APIKeyCheck, api_key=api_key, protected_prefixes=PROTECTED_PREFIXES)
     app.add_middleware(ErrorBoundary)
     app.add_middleware(RequestIdHeader)  # outside the boundary: a 500 carries the id too

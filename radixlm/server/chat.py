@@ -16,7 +16,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from radixlm.engine.async_engine import EngineInfo, OutputStream
-from radixlm.engine.outputs import CompletionOutput
+from radixlm.outputs import CompletionOutput
 from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_message
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.errors import APIError

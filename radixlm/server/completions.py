@@ -15,7 +15,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
 from radixlm.engine.async_engine import EngineInfo, OutputStream
-from radixlm.engine.outputs import CompletionOutput, PositionLogprobs
+from radixlm.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
 from radixlm.server.openai_logprobs import OpenAILogprobs
 from radixlm.server.request_bodies import CompletionRequest

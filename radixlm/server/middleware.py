@@ -16,6 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixlm.background_threads import release_free_memory
 from radixlm.server.errors import APIError, error_response
 
 logger = logging.getLogger(__name__)
@@ -118,3 +119,39 @@ class BodyReadTimeout:
             return message
 
         await self.app(scope, receive_before_deadline, send)
+
+
+class ReleaseMemoryAfterBigBodies:
+    """ASGI middleware: once a request whose body held at least `min_bytes` is answered, the heap's free pages go
+    back to the system (`background_threads.release_free_memory`, on a worker thread, one at a time).
+
+    Parsing a 12 MB body makes a few hundred MB of short-lived Python objects; freed, they stay in the allocator
+    (the model runner asks glibc to keep freed memory for its prefills), so without this a burst of big bodies
+    leaves the server's RSS that much higher for good."""
+
+    def __init__(self, app: ASGIApp, min_bytes: int = 4 * 2**20) -> None:
+        self.app = app
+        self.min_bytes = min_bytes
+        self._releasing = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        finally:
+            if received >= self.min_bytes and not self._releasing:
+                self._releasing = True
+                try:
+                    await asyncio.to_thread(release_free_memory)
+                finally:
+                    self._releasing = False

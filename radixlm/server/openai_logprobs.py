@@ -8,7 +8,7 @@ from functools import cache, cached_property
 
 from transformers import PreTrainedTokenizerBase
 
-from radixlm.engine.outputs import Logprob, PositionLogprobs
+from radixlm.outputs import Logprob, PositionLogprobs
 from radixlm.server.response_bodies import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 
 _MIN_LOGPROB = -9999.0  # JSON has no -inf; OpenAI and vLLM clamp the same way

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from radixlm.core.scheduler import QueueFullError
 from radixlm.engine.admission import check_vocabulary
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError, OutputStream
-from radixlm.engine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from radixlm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.chat_options import ChatOptions

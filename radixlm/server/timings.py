@@ -7,7 +7,7 @@ import time
 
 from pydantic import BaseModel
 
-from radixlm.engine.outputs import RequestMetrics
+from radixlm.outputs import RequestMetrics
 
 
 class Timings(BaseModel):

@@ -7,7 +7,9 @@ with its own copy of the tokenizer (a tokenizer object is not safe to use from t
 - the light lane takes jobs of at most `LIGHT_JOB_CHARS` characters, the heavy lane the others, so that a tiny
   request never waits behind a big one;
 - each lane runs its shortest queued job first, so that within a lane a small job waits for at most the one
-  already running. A job whose caller has gone (a client that disconnected) is skipped.
+  already running. A job whose caller has gone (a client that disconnected) is skipped;
+- the heavy lane runs at the lowest CPU priority (`background_threads.py`): a big job takes no core from the
+  model's step.
 
 The tokenizer releases the GIL while it encodes, so the lanes do run side by side (a tiny template + encode took
 under 10 ms while a 660k-character encode ran on the other lane).
@@ -33,6 +35,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from radixlm.background_threads import lower_priority
 from radixlm.server.errors import APIError
 
 T = TypeVar("T")
@@ -53,7 +56,8 @@ def max_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
 class _Lane:
     """One thread running queued jobs shortest first, on its own copies of the tokenizers it is given."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, low_priority: bool = False) -> None:
+        self._low_priority = low_priority
         self._jobs: list[tuple[int, int, Callable[[], None]]] = []  # (size, arrival, run) heap
         self._arrivals = itertools.count()
         self._ready = threading.Condition()
@@ -81,6 +85,8 @@ class _Lane:
             self._ready.notify()
 
     def _work(self) -> None:
+        if self._low_priority:
+            lower_priority()
         while True:
             with self._ready:
                 while not self._jobs and not self._closed:
@@ -98,7 +104,7 @@ class Tokenization:
 
     def __init__(self) -> None:
         self._light = _Lane("radixlm-tokenizer")
-        self._heavy = _Lane("radixlm-tokenizer-heavy")
+        self._heavy = _Lane("radixlm-tokenizer-heavy", low_priority=True)
         self._max_chars: dict[int, int] = {}  # id(tokenizer) -> max_token_chars (the app keeps one tokenizer)
 
     async def run(self, tokenizer: PreTrainedTokenizerBase, num_chars: int,

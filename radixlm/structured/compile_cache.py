@@ -7,6 +7,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from radixlm.background_threads import lower_priority, release_free_memory
 from radixlm.structured.backend import GrammarBackend
 from radixlm.structured.grammar_spec import GrammarSpec
 
@@ -31,8 +32,9 @@ class GrammarCompileCache:
     Compiling happens on two background threads, so a request waiting for its grammar never stalls the engine's
     step loop: specs of at most `LIGHT_SPEC_CHARS` characters on one, bigger ones on the other, so that a small
     schema never waits behind a big one (xgrammar releases the GIL while it compiles; an 84 KB schema of 1,500
-    patterned strings takes 30-40 s on the default model's vocabulary). A failed compile stays cached as a failed
-    Future (its ValueError names the problem).
+    patterned strings takes 30-40 s on the default model's vocabulary), and the heavy thread runs at the lowest
+    CPU priority, so that it never takes a core from the model's step (`background_threads.py`). A failed compile
+    stays cached as a failed Future (its ValueError names the problem).
 
     Bounded in bytes: a compiled grammar's size (`GrammarBackend.memory_size`) counts once its compile ends, and the
     least recently submitted entries are evicted until the sizes fit `max_bytes` (and the entries `max_entries`). A
@@ -56,7 +58,8 @@ class GrammarCompileCache:
         self._num_clients: dict[GrammarSpec, int] = {}
         self._lock = threading.RLock()  # re-entrant: a done callback may run inside submit()
         self._light = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixlm-grammar")
-        self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixlm-grammar-heavy")
+        self._heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixlm-grammar-heavy",
+                                         initializer=lower_priority)
 
     def submit(self, spec: GrammarSpec, client: bool = False) -> Future[object]:
         """The compile of `spec`; `client`: count a waiting client, who must `release(spec)` once done waiting."""
@@ -109,13 +112,16 @@ class GrammarCompileCache:
         return compiled
 
     def _settle(self, spec: GrammarSpec, future: Future[object]) -> None:
-        """A compile ended: count its bytes, then evict down to the budget."""
+        """A compile ended: count its bytes, then evict down to the budget. After a big one, the free memory its
+        temporaries (and any evicted grammar) left goes back to the system."""
         with self._lock:
             if self._futures.get(spec) is not future or future.cancelled() or future.exception() is not None:
                 return
             self._sizes[spec] = self.backend.memory_size(future.result())
             self._num_bytes += self._sizes[spec]
             self._evict()
+        if len(spec.text) > LIGHT_SPEC_CHARS:
+            release_free_memory()
 
     def _evict(self) -> None:
         """Drop the least recently submitted entries no client waits for (not compiling: a compile cannot be

@@ -30,6 +30,9 @@ def build_tokenizer_info(tokenizer: PreTrainedTokenizerBase, vocab_size: int,
                              stop_token_ids=stop_token_ids, add_prefix_space=detected.add_prefix_space)
 
 
+HEAP_OVERHEAD = 1.2
+
+
 class XGrammarMatcher:
     def __init__(self, matcher: xgr.GrammarMatcher) -> None:
         self._matcher = matcher
@@ -83,7 +86,9 @@ class XGrammarBackend:
             raise ValueError(f"invalid {spec.kind} grammar: {_first_line(error)}") from None
 
     def memory_size(self, compiled: xgr.CompiledGrammar) -> int:
-        return int(compiled.memory_size_bytes)
+        # xgrammar counts its containers' contents; the heap holds ~17% more (measured: RSS grew 1.17 MiB per MiB it
+        # reported over 8 schemas of 1,500 patterned strings kept at once), so the budget counts that too.
+        return int(compiled.memory_size_bytes * HEAP_OVERHEAD)
 
     def new_matcher(self, compiled: xgr.CompiledGrammar) -> XGrammarMatcher:
         return XGrammarMatcher(xgr.GrammarMatcher(compiled))

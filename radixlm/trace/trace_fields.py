@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-TRACE_VERSION = 1  # the format `recorder.py` writes and this package reads
-
 # Bounds on what a trace may ask a replay to build. A real trace stays far inside them; a hand-edited one must not
 # make `radixlm replay` allocate without limit (a 10**9 n, a 10**12-block KV pool).
 MAX_TRACE_BYTES = 128 * 2**20

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from radixlm.config import MAX_SPECULATIVE_TOKENS, SchedulerConfig
+from radixlm.engine.trace_recorder import TRACE_VERSION
 from radixlm.errors import ParamError
 from radixlm.request import RequestStatus
 from radixlm.sampling_params import SamplingParams
@@ -26,7 +27,6 @@ from radixlm.trace.trace_fields import (
     MAX_SECONDS,
     MAX_SEQUENCES_PER_REQUEST,
     MAX_TOKEN_ID,
-    TRACE_VERSION,
     FieldError,
     array,
     flag,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixlm.engine.llm_engine import LLMEngine
-from radixlm.engine.outputs import CompletionOutput, RequestOutput
+from radixlm.outputs import CompletionOutput, RequestOutput
 from radixlm.sampling_params import SamplingParams
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 from radixlm.sampling_params import SamplingParams
 
 OPTIONS = {"num_kv_blocks": 256, "block_size": 4, "num_threads": 1}

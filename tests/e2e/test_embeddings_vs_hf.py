@@ -11,8 +11,8 @@ import torch
 from e2e.engine_runs import assert_all_blocks_released, drain
 from e2e.hf_reference import hf_embeddings, hf_greedy
 from e2e.test_greedy_matches_hf import MAX_NEW, random_prompts
-from radixlm.engine.llm import LLM
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.llm import LLM
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 

@@ -5,8 +5,8 @@ get without any fault. Only a broken invariant or a forward that keeps failing s
 import pytest
 
 from e2e.engine_runs import drain, run
-from radixlm.engine.llm import LLM
 from radixlm.engine.llm_engine import MAX_FORWARD_FAILURES, build_engine
+from radixlm.llm import LLM
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 

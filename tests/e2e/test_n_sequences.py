@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from e2e.engine_runs import drain, run
-from radixlm.engine.llm import LLM
 from radixlm.engine.llm_engine import build_engine
+from radixlm.llm import LLM
 from radixlm.sampling_params import SamplingParams
 
 PROMPT = list(range(60, 70))  # 10 tokens: two full blocks of 4 and a partial one

@@ -2,7 +2,7 @@
 
 import pytest
 
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 from radixlm.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -24,7 +24,7 @@ import uvicorn
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from starlette.types import ASGIApp
 
-from radixlm.distributed.data_parallel import replica_engine_options
+from radixlm.data_parallel.engine import replica_engine_options
 from radixlm.engine.llm_engine import build_engine
 from radixlm.server.api_server import create_app
 from radixlm.server.http_protocol import HeaderTimeoutH11Protocol

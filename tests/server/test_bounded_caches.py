@@ -21,8 +21,8 @@ def app(tiny_model_dir):
     app.close()
 
 
-def schema(seed: int) -> dict:
-    properties = {f"k{seed}_{i}": {"type": "string", "pattern": "[a-z]{1,4}"} for i in range(40)}
+def schema(seed: int, num_properties: int = 40) -> dict:
+    properties = {f"k{seed}_{i}": {"type": "string", "pattern": "[a-z]{1,4}"} for i in range(num_properties)}
     return {"type": "object", "properties": properties}
 
 
@@ -55,7 +55,7 @@ def num_compiled(app) -> float:
 
 def test_tools_compile_only_under_a_forced_choice(app):
     before = num_compiled(app)
-    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": schema(1000 + i)}} for i in range(3)]
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": schema(1000 + i, 10)}} for i in range(3)]
     assert chat(app, tools=tools, tool_choice="none") == 200
     assert num_compiled(app) == before  # nothing compiled
     assert chat(app, tools=tools, tool_choice="required") == 200

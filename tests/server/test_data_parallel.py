@@ -210,7 +210,7 @@ def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir,
 
 
 def test_replica_options_run_workers_in_processes_and_trace_to_their_own_files():
-    from radixlm.distributed.data_parallel import replica_engine_options
+    from radixlm.data_parallel.engine import replica_engine_options
 
     options = {"data_parallel_size": 2, "trace": "/tmp/run.jsonl", "num_threads": 1}
     assert replica_engine_options(options, 1) == {"data_parallel_size": 2, "trace": "/tmp/run.replica1.jsonl",

@@ -8,7 +8,7 @@ import math
 import openai
 import pytest
 
-from radixlm.engine.llm import LLM
+from radixlm.llm import LLM
 from radixlm.sampling_params import SamplingParams
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "the quick brown fox"}]

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from radixlm.distributed.router import CacheAwareRouter, PrefixIndex, RouterConfig, block_names
+from radixlm.data_parallel.router import CacheAwareRouter, PrefixIndex, RouterConfig, block_names
 
 PREFIX_LEN = 1000
 QUESTION_LEN = 32
@@ -144,6 +144,6 @@ def test_router_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, radixlm.distributed.router; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+    code = "import sys, radixlm.data_parallel.router; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

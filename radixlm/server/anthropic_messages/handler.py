@@ -9,7 +9,7 @@ from typing import TypeVar
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.engine.outputs import CompletionOutput
+from radixlm.outputs import CompletionOutput
 from radixlm.server.anthropic_messages.blocks import ContentAssembler
 from radixlm.server.anthropic_messages.bodies import MessagesInput, MessagesRequest
 from radixlm.server.anthropic_messages.events import (

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from radixlm.engine.outputs import CompletionOutput
+from radixlm.outputs import CompletionOutput
 from radixlm.server.serving import PromptResult
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]

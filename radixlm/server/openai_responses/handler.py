@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse
 
 from radixlm.engine.async_engine import EngineUnavailableError
-from radixlm.engine.outputs import CompletionOutput
+from radixlm.outputs import CompletionOutput
 from radixlm.server.chat import ChatCompletions, ChatRun
 from radixlm.server.chat_output import SequenceParser
 from radixlm.server.errors import APIError
