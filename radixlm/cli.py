@@ -33,8 +33,8 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     options = engine_kwargs(args)
     config = EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
     if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server
-        from radixlm.distributed.executor import run_node
         from radixlm.model.loader import resolve_model_dir
+        from radixlm.worker.tensor_parallel.executor import run_node
 
         sys.exit(run_node(resolve_model_dir(config.model.model), config.model, config.cache, config.parallel))
     chat = ChatOptions(chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,

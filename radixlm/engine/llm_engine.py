@@ -273,7 +273,7 @@ class LLMEngine:
 def _start_worker(model_dir: Path, config: EngineConfig) -> ModelWorker | WorkerProcess:
     """In this process (uni), in a child process (mp), or as tensor-parallel ranks (tensor_parallel_size > 1)."""
     if config.parallel.tensor_parallel_size > 1:
-        from radixlm.distributed.executor import TensorParallelExecutor
+        from radixlm.worker.tensor_parallel.executor import TensorParallelExecutor
 
         return TensorParallelExecutor(model_dir, config.model, config.cache, config.parallel)
     if config.model.distributed_executor_backend == "mp":

@@ -159,7 +159,7 @@ def load_model(model_dir: Path, dtype: torch.dtype, attn_implementation: str,
     `fused_ops`, `gguf_linear`); None: when the extension is built; False: PyTorch's kernels only. Unquantized
     weights are placed on `device` before any module is replaced.
     `tensor_parallel_size` > 1: this rank's shard, by transformers' tensor-parallel plan of the architecture (the
-    process group must be joined first, see `radixlm.distributed`; transformers places the shard on this rank's
+    process group must be joined first, see `worker/tensor_parallel/`; transformers places the shard on this rank's
     device; a GGUF goes through its float32 copy, `float32_checkpoint`); the C++ linears are not shard-aware and
     stay off."""
     if small_batch_kernels is None:

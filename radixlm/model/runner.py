@@ -12,8 +12,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ScheduledChunk
-from radixlm.distributed.group import agree_min
 from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
+from radixlm.model.collectives import agree_min
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
@@ -64,7 +64,7 @@ class ModelRunner:
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
                  tensor_parallel_size: int = 1) -> None:
-        """`tensor_parallel_size` > 1: this process is one rank of a joined group (`radixlm.distributed`); it
+        """`tensor_parallel_size` > 1: this process is one rank of a joined group (`worker/tensor_parallel/`); it
         loads its shard of the weights and caches its own KV heads, in as many blocks as every rank can hold."""
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)

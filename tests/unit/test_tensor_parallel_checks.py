@@ -4,8 +4,8 @@ import pytest
 from transformers import GPT2Config, LlamaConfig
 
 from radixlm.config import ParallelConfig
-from radixlm.distributed.group import node_ranks, rendezvous
 from radixlm.model.sharding import check_tensor_parallel, local_kv_heads, plan_override
+from radixlm.worker.tensor_parallel.group import node_ranks, rendezvous
 
 
 def llama(heads: int, kv_heads: int) -> LlamaConfig:

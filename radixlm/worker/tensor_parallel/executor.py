@@ -20,10 +20,10 @@ from pathlib import Path
 from transformers import AutoConfig
 
 from radixlm.config import CacheConfig, ModelConfig, ParallelConfig
-from radixlm.distributed.group import RankInfo, node_ranks, rendezvous
-from radixlm.distributed.rank import DriverWorker, run_follower
 from radixlm.model.sharding import check_tensor_parallel
 from radixlm.worker.process import WorkerProcess
+from radixlm.worker.tensor_parallel.group import RankInfo, node_ranks, rendezvous
+from radixlm.worker.tensor_parallel.rank import DriverWorker, run_follower
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The tensor-parallel process group: where each rank sits, how the group is joined, and the few collectives the
-engine's ranks need besides the model's own (the step broadcast, agreeing on the KV block count).
+"""The tensor-parallel process group: where each rank sits, how the group is joined, and the step broadcast the
+engine's ranks need besides the model's own collectives (`radixlm/model/collectives.py`).
 
 Launched like torchrun: every rank gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and joins one
 group (gloo on CPU, NCCL on CUDA). transformers' tensor-parallel loading finds the group already initialized.
@@ -67,17 +67,6 @@ def join_group(info: RankInfo, device: str = "cpu") -> None:
         torch.cuda.set_device(info.local_rank)
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size, timeout=COLLECTIVE_TIMEOUT,
                             init_method=f"tcp://{info.master_addr}:{info.master_port}")
-
-
-def agree_min(value: int) -> int:
-    """The smallest `value` over the group (e.g. KV blocks: every rank must hold the blocks the scheduler uses)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    tensor = torch.tensor([value], dtype=torch.int64)
-    if dist.get_backend() == "nccl":
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor.item())
 
 
 def broadcast_object(value: object | None) -> object:

@@ -16,10 +16,10 @@ import torch
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
-from radixlm.distributed.group import RankInfo, broadcast_object, join_group, leave_group
 from radixlm.model.device import resolve_device
 from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.worker.process import WorkerDiedError
+from radixlm.worker.tensor_parallel.group import RankInfo, broadcast_object, join_group, leave_group
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 logger = logging.getLogger(__name__)
