@@ -49,7 +49,7 @@ class ModelShape:
 
 
 @dataclass
-class RunnerOutput:
+class ForwardOutput:
     """float32 logits: the sampled rows (the last `num_sampled` positions of each chunk, chunk by chunk), and the
     prompt positions asked for (request id -> `[end - first, vocab]`, row j being position `first + j`); the
     pooled final hidden states asked for (request id -> `[hidden]` float32: see `radixlm.model.pooling`)."""
@@ -92,7 +92,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
                 prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None,
-                pooling_types: Mapping[str, str] | None = None) -> RunnerOutput:
+                pooling_types: Mapping[str, str] | None = None) -> ForwardOutput:
         """Compute the chunks (their requests' K/V live in `block_tables[request_id]`); return the logits of the
         sampled rows and of the prompt positions asked for (`prompt_logits_positions[request_id] = (first, end)`,
         within that request's chunk), and the final hidden states of the chunks of `pooling_types`' requests
@@ -105,7 +105,7 @@ class ModelRunner:
         # The sampler runs on the host: its per-request streams and masks are host tensors (one copy per step).
         logits = result.logits[0].float().cpu()
         sampled = batch.num_sampled_rows
-        return RunnerOutput(logits[:sampled], {request_id: logits[sampled:][rows]
+        return ForwardOutput(logits[:sampled], {request_id: logits[sampled:][rows]
                                                for request_id, rows in batch.extra_rows.items()}, pooled)
 
 
