@@ -1,28 +1,12 @@
-"""`radixlm bench ...` subcommands."""
+"""`radixlm bench ...` subcommands: the benchmarks users run (serve, offline, peers, spec, step, quality, soak).
+The one-off investigations (attention, evict, prefix, structured, sampler, trace cost) are scripts in the
+checkout's top-level `benchmarks/`, outside the package."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 from typing import Any
-
-
-def _cmd_attention(args: argparse.Namespace) -> None:
-    from radixlm.bench.attention import bench_attention
-
-    if args.num_threads is not None:
-        import torch
-
-        torch.set_num_threads(args.num_threads)
-    bench_attention(args.batch_size, [int(n) for n in args.context_lens.split(",") if n], args.repeats,
-                    args.torch_repeats)
-
-
-def _cmd_evict(args: argparse.Namespace) -> None:
-    from radixlm.bench.evict import bench_evict
-
-    bench_evict([int(n) for n in args.num_blocks.split(",") if n], args.tokens_per_request, args.num_evictions,
-                args.workload_seed)
 
 
 def _cmd_offline(args: argparse.Namespace) -> None:
@@ -34,15 +18,6 @@ def _cmd_offline(args: argparse.Namespace) -> None:
     bench_offline(engine_kwargs(args), args.num_prompts, parse_range(args.input_len), parse_range(args.output_len),
                   batch_sizes, args.workload_seed, args.output_json, args.compare_data_parallel,
                   args.compare_tensor_parallel)
-
-
-def _cmd_prefix(args: argparse.Namespace) -> None:
-    from radixlm.bench.prefix import bench_prefix
-    from radixlm.engine_args import engine_kwargs
-
-    options = engine_kwargs(args)
-    options.pop("enable_prefix_caching", None)  # the bench runs both settings
-    bench_prefix(options, args.workload_seed, args.random_prompts)
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:
@@ -62,13 +37,6 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     bench_serve(args.base_url, engine_kwargs(args), options)
 
 
-def _cmd_sampler(args: argparse.Namespace) -> None:
-    from radixlm.bench.sampler import bench_sampler
-    from radixlm.engine_args import engine_kwargs
-
-    bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
-
-
 def _cmd_soak(args: argparse.Namespace) -> None:
     from radixlm.bench.soak import bench_soak
     from radixlm.bench.soak_attack import HostileOptions
@@ -84,17 +52,6 @@ def _cmd_soak(args: argparse.Namespace) -> None:
     if not bench_soak(args.base_url, engine_kwargs(args), args.num_requests, args.concurrency, args.workload_seed,
                       hostile):
         raise SystemExit(1)
-
-
-def _cmd_trace(args: argparse.Namespace) -> None:
-    from radixlm.bench.trace_cost import bench_trace
-    from radixlm.bench.workload import parse_range
-    from radixlm.engine_args import engine_kwargs
-
-    options = engine_kwargs(args)
-    options.pop("trace", None)  # the bench runs both settings
-    bench_trace(options, args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.repeats,
-                args.workload_seed)
 
 
 SPEC_BASE = "--num-threads 2 --quantization int8"
@@ -127,13 +84,6 @@ def _cmd_peers(args: argparse.Namespace) -> None:
                 args.workload_seed, args.model, args.input_len, args.output_len)
 
 
-def _cmd_structured(args: argparse.Namespace) -> None:
-    from radixlm.bench.structured import bench_structured
-    from radixlm.engine_args import engine_kwargs
-
-    bench_structured(engine_kwargs(args), args.num_requests, args.num_tokens, args.repeats)
-
-
 def _int_list(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(",") if part)
 
@@ -159,25 +109,11 @@ def _cmd_quality(args: argparse.Namespace) -> None:
 
 
 def add_bench_commands(commands: Any) -> None:
+    """Add `bench` and its subcommands to `commands` (an argparse subparsers action); each sets `handler`."""
     from radixlm.engine_args import add_engine_args
 
     bench = commands.add_parser("bench", help="benchmarks against peers in the same run")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
-    attention = kinds.add_parser("attention", help="decode attention step: C++ kernel vs torch, vs memory bound")
-    attention.add_argument("--batch-size", type=int, default=64)
-    attention.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths")
-    attention.add_argument("--repeats", type=int, default=5, help="timed steps per C++ case (best is shown)")
-    attention.add_argument("--torch-repeats", type=int, default=2, help="timed steps per torch case")
-    attention.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
-    attention.set_defaults(handler=_cmd_attention)
-
-    evict = kinds.add_parser("evict", help="radix cache eviction: its heap against a walk over every leaf")
-    evict.add_argument("--num-blocks", default="3000,30000,300000", help="comma-separated KV pool sizes")
-    evict.add_argument("--tokens-per-request", type=int, default=256, help="cached tokens per finished request")
-    evict.add_argument("--num-evictions", type=int, default=200, help="timed evict(1) calls per size")
-    evict.add_argument("--workload-seed", type=int, default=0)
-    evict.set_defaults(handler=_cmd_evict)
-
     offline = kinds.add_parser("offline", help="random workload: radixlm vs HF generate with static batches")
     offline.add_argument("--num-prompts", type=int, default=64)
     offline.add_argument("--input-len", default="64-512", help="prompt length range LOW-HIGH")
@@ -194,19 +130,6 @@ def add_bench_commands(commands: Any) -> None:
                               "all three side by side)")
     add_engine_args(offline)
     offline.set_defaults(handler=_cmd_offline)
-
-    prefix = kinds.add_parser("prefix", help="multi-turn, shared-prefix and random workloads, radix cache on vs off")
-    prefix.add_argument("--workload-seed", type=int, default=0)
-    prefix.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
-    add_engine_args(prefix)
-    prefix.set_defaults(handler=_cmd_prefix)
-
-    structured = kinds.add_parser("structured", help="decode step time, grammar-constrained vs unconstrained")
-    structured.add_argument("--num-requests", type=int, default=32)
-    structured.add_argument("--num-tokens", type=int, default=64)
-    structured.add_argument("--repeats", type=int, default=2)
-    add_engine_args(structured)
-    structured.set_defaults(handler=_cmd_structured)
 
     step = kinds.add_parser("step", help="decode-step breakdown (attention, linears, other, sampler, scheduler) "
                                          "next to the memory bounds")
@@ -230,23 +153,6 @@ def add_bench_commands(commands: Any) -> None:
                               "its requantized GGUFs; it must share the tokenizer")
     add_engine_args(quality)
     quality.set_defaults(handler=_cmd_quality)
-
-    sampler = kinds.add_parser("sampler", help="sampler time per decode step next to the model forward")
-    sampler.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
-    sampler.add_argument("--prompt-len", type=int, default=128)
-    sampler.add_argument("--num-steps", type=int, default=10, help="measured decode steps")
-    sampler.add_argument("--workload-seed", type=int, default=0)
-    add_engine_args(sampler)
-    sampler.set_defaults(handler=_cmd_sampler)
-
-    trace = kinds.add_parser("trace", help="throughput with --trace off and on, alternating: what tracing costs")
-    trace.add_argument("--num-prompts", type=int, default=32)
-    trace.add_argument("--input-len", default="64-256", help="prompt length range LOW-HIGH")
-    trace.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")
-    trace.add_argument("--repeats", type=int, default=5)
-    trace.add_argument("--workload-seed", type=int, default=0)
-    add_engine_args(trace)
-    trace.set_defaults(handler=_cmd_trace)
 
     peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
     _add_side_by_side_args(peers, "--num-threads 2;--num-threads 2 --quantization int8",

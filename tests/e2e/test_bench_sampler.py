@@ -1,12 +1,12 @@
-"""`radixlm bench sampler` runs end to end (tiny model, few rows) and prints every variant next to the forward."""
+"""`benchmarks/sampler.py` runs end to end (tiny model, few rows) and prints every variant next to the forward."""
 
 import re
 
-from radixlm.cli import main
+from benchmarks.sampler import main
 
 
 def test_bench_sampler_prints_each_variant_with_its_ratio(tiny_model_dir, capsys):
-    main(["bench", "sampler", "--num-requests", "4", "--prompt-len", "6", "--num-steps", "2",
+    main(["--num-requests", "4", "--prompt-len", "6", "--num-steps", "2",
           "--model", str(tiny_model_dir("llama")), "--num-kv-blocks", "64", "--block-size", "4"])
     table_row = re.compile(r"\| .+ \| [\d.]+ \| [\d.]+ \| [\d.]+% \|")
     rows = [line for line in capsys.readouterr().out.splitlines() if table_row.fullmatch(line)]

@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixlm.bench.evict import bench_evict, evict_by_full_scan, tree_of
+from benchmarks.evict import bench_evict, evict_by_full_scan, tree_of
 from radixlm.core.block_pool import BlockPool
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.radix_cache import RadixCache

@@ -1,11 +1,14 @@
-"""`radixlm bench prefix`: multi-turn, shared-prefix and random workloads with the radix cache on and off.
+"""Multi-turn, shared-prefix and random workloads with the radix cache on and off.
 
 Each workload runs on a fresh engine per setting in the same process; all prompts are random token ids (so the
 only reuse is the one the workload builds in), greedy with ignore_eos so every run does the same work.
+
+    .venv/bin/python benchmarks/prefix.py [--random-prompts 64] [engine flags]
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import random
 import statistics
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 from radixlm.bench.workload import non_special_ids, random_requests
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.engine_args import add_engine_args, engine_kwargs
 from radixlm.sampling_params import SamplingParams
 
 # A follow-up turn: (request id, prompt) to submit once a request finishes, or None.
@@ -170,3 +174,20 @@ def print_prefix_tables(results: dict[str, dict[bool, RunStats]]) -> None:
     print(f"- round-4 TTFT without / with the cache: {off[3] / on[3]:.1f}x (target >= 3)")
     print(f"- shared-prefix prefill computed: {shared_fraction:.1%} of prompt tokens (target <= 20%)")
     print(f"- throughput cost of the cache on the random workload: {cost:+.1%} (target <= 2%)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags (`argv`, default the command line) and run the benchmark; `--disable-radix-cache` and
+    `--enable-prefix-caching` are ignored, since every workload runs with the cache both on and off."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--random-prompts", type=int, default=64, help="size of the 0%%-hit random workload")
+    add_engine_args(parser)
+    args = parser.parse_args(argv)
+    options = engine_kwargs(args)
+    options.pop("enable_prefix_caching", None)  # the bench runs both settings
+    bench_prefix(options, args.workload_seed, args.random_prompts)
+
+
+if __name__ == "__main__":
+    main()

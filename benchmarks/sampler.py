@@ -1,13 +1,16 @@
-"""`radixlm bench sampler`: the sampler's time per decode step next to the model forward of the same step.
+"""The sampler's time per decode step next to the model forward of the same step.
 
 64 requests (by default) are prefilled, then each measured step is one decode forward of all of them followed by
 the sampler on its logits, every transform on. The sampler runs once per variant on the step's logits, so all
 variants see the same distributions; the composition stays fixed, so per-row tensors are reused after the first
 step (the `rebuilt` variant builds them every step, as when the batch changes each step).
+
+    .venv/bin/python benchmarks/sampler.py [--num-requests 64] [--num-steps 10] [engine flags]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +19,7 @@ import torch
 
 from radixlm.core.step import ModelRunnerOutput
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.engine_args import add_engine_args, engine_kwargs
 from radixlm.request import Request
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
@@ -58,6 +62,8 @@ def _timed(fn: Callable[..., object], *args: object) -> tuple[float, object]:
 
 
 def bench_sampler(engine_options: dict, num_requests: int, prompt_len: int, num_steps: int, seed: int) -> None:
+    """Prefill `num_requests` random prompts, then time `num_steps` decode steps (after one uncounted step): the
+    forward, and each variant's sampler on that step's logits; print a row per variant with the medians."""
     engine = build_engine(**{"max_num_seqs": num_requests, **engine_options})
     requests = _prefill(engine, num_requests, prompt_len, seed)
     vocab = engine.runner.shape.vocab_size
@@ -106,3 +112,19 @@ def _report(forward_times: list[float], sampler_times: dict[str, list[float]], n
     for name, times in sampler_times.items():
         sampler = statistics.median(times)
         print(f"| {name} | {sampler * 1e3:.1f} | {forward * 1e3:.1f} | {sampler / forward:.1%} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags (`argv`, default the command line) and run the benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-requests", type=int, default=64, help="rows of the decode batch")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--num-steps", type=int, default=10, help="measured decode steps")
+    parser.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(parser)
+    args = parser.parse_args(argv)
+    bench_sampler(engine_kwargs(args), args.num_requests, args.prompt_len, args.num_steps, args.workload_seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,13 +1,16 @@
-"""`radixlm bench evict`: the radix cache's eviction (a heap kept as the tree changes) against a walk over every leaf.
+"""The radix cache's eviction (a heap kept as the tree changes) against a walk over every leaf.
 
 A server whose cache is full evicts on almost every allocation that comes up short: each new block of a decode,
 each prefill chunk. The walk costs O(nodes) per call, the heap O(log nodes) per evicted leaf. Both run on copies of
 the same tree (many conversations on a shared system prompt), evicting one block at a time, and must leave the same
 tree behind. Pure Python, no model.
+
+    .venv/bin/python benchmarks/evict.py [--num-blocks 3000,30000,300000] [--tokens-per-request 256]
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import heapq
 import random
@@ -80,6 +83,8 @@ def check_options(sizes: list[int], tokens_per_request: int, num_evictions: int)
 
 
 def bench_evict(sizes: list[int], tokens_per_request: int, num_evictions: int, seed: int) -> None:
+    """Print a table row per pool size: median microseconds per evict(1), heap and full scan, and whether both
+    left the same tree. ValueError (naming the flag) for options `check_options` refuses."""
     check_options(sizes, tokens_per_request, num_evictions)
     print("| blocks | nodes | heap, us per evict(1) | full scan, us | scan / heap | same tree |")
     print("|---|---|---|---|---|---|")
@@ -98,3 +103,19 @@ def bench_evict(sizes: list[int], tokens_per_request: int, num_evictions: int, s
         same = tree_of(cache) == tree_of(scanned)
         print(f"| {num_blocks} | {num_nodes} | {heap_us:.1f} | {scan_us:.1f} | {scan_us / heap_us:.0f}x | "
               f"{'yes' if same else 'NO'} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags (`argv`, default the command line) and run the benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-blocks", default="3000,30000,300000", help="comma-separated KV pool sizes")
+    parser.add_argument("--tokens-per-request", type=int, default=256, help="cached tokens per finished request")
+    parser.add_argument("--num-evictions", type=int, default=200, help="timed evict(1) calls per size")
+    parser.add_argument("--workload-seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    bench_evict([int(n) for n in args.num_blocks.split(",") if n], args.tokens_per_request, args.num_evictions,
+                args.workload_seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""`radixlm bench attention`: one decode step's attention (all layers), C++ kernel vs torch path, next to the
+"""One decode step's attention (all layers), C++ kernel vs torch path, next to the
 memory bound: the K/V bytes the step reads over the read bandwidth of those very caches, measured in the same run by a
 streaming reduction over them (`read_seconds`; a fresh buffer's bandwidth varied 2-3x between allocations here).
 
@@ -6,10 +6,13 @@ Synthetic caches of a given model shape (default SmolLM2-135M: 30 layers, 9 quer
 request's context is its own run of blocks, or, with a shared prefix, every request starts with the same blocks
 (as the radix cache shares them) followed by its own. Layers cycle over a few distinct caches, enough to exceed the
 CPU caches, so every layer reads from memory as in the engine.
+
+    .venv/bin/python benchmarks/attention.py [--batch-size 64] [--context-lens 256,1024] [--num-threads N]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from dataclasses import dataclass
 
@@ -91,6 +94,8 @@ def time_decode_step(shape: AttentionShape, batch: int, context_len: int, shared
 
 
 def bench_attention(batch: int, context_lens: list[int], repeats: int, torch_repeats: int) -> None:
+    """Print one row per (context, shared prefix, backend, K/V dtype): step time, bytes read, the caches' read
+    bandwidth, the memory bound and the step time over it. Shared prefixes: none, and half the context."""
     shape = AttentionShape()
     print(f"{torch.get_num_threads()} threads; B={batch}, {shape.num_layers} layers, Hq={shape.num_heads}, "
           f"Hkv={shape.num_kv_heads}, D={shape.head_dim}")
@@ -107,3 +112,22 @@ def bench_attention(batch: int, context_lens: list[int], repeats: int, torch_rep
                 print(f"{context_len:>7} {shared_prefix:>6} {backend:>7} {str(kv_dtype)[6:]:>8} "
                       f"{seconds * 1e3:>8.1f} {num_bytes / 1e6:>8.0f} {bandwidth / 1e9:>5.1f} {bound * 1e3:>8.1f} "
                       f"{seconds / bound:>7.2f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags (`argv`, default the command line) and run the benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per C++ case (best is shown)")
+    parser.add_argument("--torch-repeats", type=int, default=2, help="timed steps per torch case")
+    parser.add_argument("--num-threads", type=int, default=None, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    bench_attention(args.batch_size, [int(n) for n in args.context_lens.split(",") if n], args.repeats,
+                    args.torch_repeats)
+
+
+if __name__ == "__main__":
+    main()
