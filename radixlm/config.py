@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from radixlm.lora_config import LoRAConfig
+
 SchedulePolicy = Literal["fcfs", "priority", "lpm"]
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
@@ -290,17 +292,24 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    def __post_init__(self) -> None:
+        if self.lora.enabled and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters are not served under tensor parallelism (tensor_parallel_size > 1)")
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> EngineConfig:
         """Build from flat keyword arguments; an unknown name raises ValueError naming it."""
-        parts: dict[str, dict[str, object]] = {"model": {}, "cache": {}, "scheduler": {}, "parallel": {}}
+        parts: dict[str, dict[str, object]] = {"model": {}, "cache": {}, "scheduler": {}, "parallel": {}, "lora": {}}
         owners = {name: part for part, sub in (("model", ModelConfig), ("cache", CacheConfig),
-                                                ("scheduler", SchedulerConfig), ("parallel", ParallelConfig))
+                                                ("scheduler", SchedulerConfig), ("parallel", ParallelConfig),
+                                                ("lora", LoRAConfig))
                   for name in sub.__dataclass_fields__}
         for name, value in kwargs.items():
             if name not in owners:
                 raise ValueError(f"unknown engine option {name!r}")
             parts[owners[name]][name] = value
         return cls(ModelConfig(**parts["model"]), CacheConfig(**parts["cache"]),  # type: ignore[arg-type]
-                   SchedulerConfig(**parts["scheduler"]), ParallelConfig(**parts["parallel"]))  # type: ignore[arg-type]
+                   SchedulerConfig(**parts["scheduler"]), ParallelConfig(**parts["parallel"]),  # type: ignore[arg-type]
+                   LoRAConfig(**parts["lora"]))  # type: ignore[arg-type]

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from radixlm.lora_config import LoRAConfig
 
-ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig)
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
 
@@ -30,6 +31,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             help_text = f"{field.metadata.get('help', '')} (default: {field.default})"
             if field.type == "bool":
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+            elif str(field.type).startswith("tuple[str, ...]"):
+                group.add_argument(flag, nargs="+", default=None, help=help_text)
             else:
                 group.add_argument(flag, type=_parse_field(str(field.type)), default=None, help=help_text)
     group.add_argument("--disable-radix-cache", dest="enable_prefix_caching", action="store_false",

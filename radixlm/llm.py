@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from radixlm.config import EngineConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.lora_request import LoRARequest
 from radixlm.outputs import CompletionOutput, RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
@@ -45,10 +46,13 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, metadata: Mapping[str, Any] | None = None,
-                 on_finish: Callable[[RequestOutput], object] | None = None) -> list[RequestOutput]:
+                 on_finish: Callable[[RequestOutput], object] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Generate for text prompts or token-id lists; outputs come back in the order of `prompts`, each with
         all its `n` completions (by index). `metadata` and `on_finish` apply to every prompt (see
-        `LLMEngine.add_request`); a request that failed alone has `error` set and finish_reason "error"."""
+        `LLMEngine.add_request`); a request that failed alone has `error` set and finish_reason "error".
+        `lora_request`: the LoRA adapter of every prompt, or one per prompt (None: the base model); an adapter new
+        to the engine is loaded first (the engine needs `enable_lora=True`)."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)
@@ -60,8 +64,15 @@ class LLM:
             self.engine.structured.submit(spec).result()  # a bad grammar raises ValueError before anything runs
         request_ids = [str(self._next_id + i) for i in range(len(prompt_list))]
         self._next_id += len(prompt_list)
-        self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True), metadata=metadata,
-                                 on_finish=on_finish)
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True), metadata=metadata,
+                                     on_finish=on_finish, lora_request=lora_request)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompt_list):
+                raise ValueError(f"got {len(loras)} lora_request for {len(prompt_list)} prompts")
+            self.engine.add_requests(zip(request_ids, prompt_list, params_list, strict=True), metadata=metadata,
+                                     on_finish=on_finish, lora_request=loras)
         return self._run(request_ids, use_tqdm)
 
     def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,

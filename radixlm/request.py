@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from radixlm.errors import ParamError
+from radixlm.lora_request import LoRARequest, lora_id_of
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 
@@ -93,12 +94,14 @@ class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: frozenset[int] = frozenset(), arrival_order: int = 0, priority: int = 0,
                  arrival_time: float | None = None, sampling_seed: int = 0,
-                 pooling_params: PoolingParams | None = None) -> None:
+                 pooling_params: PoolingParams | None = None, lora_request: LoRARequest | None = None) -> None:
         if not prompt_token_ids:
             raise ParamError("prompt", "must contain at least one token")
         self.request_id = request_id
         self.sampling_params = sampling_params
         self.pooling_params = pooling_params
+        self.lora_request = lora_request  # the adapter it runs with (None: the base model)
+        self.lora_id = lora_id_of(lora_request)  # what its K/V are cached under in the radix tree
         self.eos_token_ids = eos_token_ids
         self.arrival_order = arrival_order
         self.priority = priority

@@ -97,13 +97,13 @@ class KVCacheManager:
         compute, so the request still gets logits). None when caching is off."""
         if self.radix_cache is None:
             return None
-        return self.radix_cache.match_prefix(request.all_token_ids[:request.num_tokens - 1])
+        return self.radix_cache.match_prefix(request.all_token_ids[:request.num_tokens - 1], request.lora_id)
 
     def cached_prefix_length(self, request: Request) -> int:
         """Like `match_prefix(...).num_tokens`, without touching the tree (for ordering waiting requests)."""
         if self.radix_cache is None:
             return 0
-        return self.radix_cache.match_length(request.all_token_ids[:request.num_tokens - 1])
+        return self.radix_cache.match_length(request.all_token_ids[:request.num_tokens - 1], request.lora_id)
 
     def allocate_with_prefix(self, request: Request, match: PrefixMatch | None, num_new_tokens: int,
                              block_copies: list[tuple[int, int, int]]) -> bool:
@@ -140,7 +140,8 @@ class KVCacheManager:
     def _insert_computed(self, request: Request) -> RadixNode | None:
         if self.radix_cache is None or request.num_computed_tokens == 0:
             return None
-        return self.radix_cache.insert(request.all_token_ids[:request.num_computed_tokens], request.block_table)
+        return self.radix_cache.insert(request.all_token_ids[:request.num_computed_tokens], request.block_table,
+                                       request.lora_id)
 
     def cache_computed(self, request: Request) -> None:
         """Insert the request's computed tokens into the tree and move its lock to the new node."""
@@ -172,6 +173,11 @@ class KVCacheManager:
             self.block_pool.free(reversed(request.block_table[num_kept:]))
             del request.block_table[num_kept:]
         return len(request.block_table)
+
+    def drop_namespace(self, lora_id: int) -> int:
+        """Forget the cached prefixes of an unloaded LoRA adapter (no request of it may be running); returns the
+        blocks freed."""
+        return self.radix_cache.remove_namespace(lora_id) if self.radix_cache is not None else 0
 
     def reset_prefix_cache(self) -> None:
         """Evict every unlocked tree node (all of them when no request is live)."""

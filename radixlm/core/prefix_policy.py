@@ -15,11 +15,13 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 
 @dataclass
 class InFlightPrefill:
-    """A chunk scheduled this step that computes positions `[start, end)` of `token_ids` (not yet in the tree)."""
+    """A chunk scheduled this step that computes positions `[start, end)` of `token_ids` (not yet in the tree),
+    under LoRA adapter `lora_id` (0: the base model)."""
 
     token_ids: list[int]
     start: int
     end: int
+    lora_id: int = 0
 
 
 def reuses_prefix_cache(request: Request) -> bool:
@@ -44,6 +46,8 @@ def duplicates_in_flight_prefill(request: Request, num_cached: int, in_flight: l
     already scheduled this step computes for another request?"""
     tokens = request.all_token_ids
     for prefill in in_flight:
+        if prefill.lora_id != request.lora_id:  # another adapter's K/V: nothing to share
+            continue
         common = common_prefix_len(prefill.token_ids[:prefill.end], tokens)
         if common - max(num_cached, prefill.start) >= IN_BATCH_PREFIX_THRESHOLD:
             return True

@@ -12,6 +12,10 @@ least-recently-used unlocked leaves. They come from a heap kept as the tree chan
 node may have become an evictable leaf (touched, unlocked, or left childless by an eviction) and stale entries
 skipped when popped, so an eviction costs O(log n) per leaf instead of a walk over the whole tree. Pure Python, no
 torch.
+
+Namespaces: the same tokens computed under two LoRA adapters have different K/V, so each namespace (a request's
+`lora_id`; 0 is the base model) has a root of its own and lookups never cross from one to another. Eviction is
+one LRU order over all of them; `remove_namespace` drops an unloaded adapter's whole tree.
 """
 
 from __future__ import annotations
@@ -70,8 +74,9 @@ class RadixCache:
     def __init__(self, block_pool: BlockPool, block_size: int) -> None:
         self.block_pool = block_pool
         self.block_size = block_size
-        self.root = RadixNode([], 0, [], None)
+        self.root = RadixNode([], 0, [], None)  # namespace 0's: the base model
         self.root.lock_ref = 1  # never evicted
+        self._roots: dict[int, RadixNode] = {0: self.root}
         self._clock = itertools.count(1)
         self.num_evicted_blocks = 0
         self.num_nodes = 0  # below the root
@@ -82,18 +87,29 @@ class RadixCache:
         self._pushes = itertools.count()
 
     # -- lookups -----------------------------------------------------------------------------------------------
-    def match_prefix(self, token_ids: list[int]) -> PrefixMatch:
-        """Longest cached prefix of `token_ids`; splits the last node so the match ends on a node boundary."""
-        node, matched = self._walk(token_ids, split=True)
+    def match_prefix(self, token_ids: list[int], namespace: int = 0) -> PrefixMatch:
+        """Longest cached prefix of `token_ids` in `namespace`; splits the last node so the match ends on a node
+        boundary."""
+        node, matched = self._walk(token_ids, split=True, namespace=namespace)
         self._touch(node)
         return PrefixMatch(matched, self._path_blocks(node, matched), node)
 
-    def match_length(self, token_ids: list[int]) -> int:
+    def match_length(self, token_ids: list[int], namespace: int = 0) -> int:
         """Length of the longest cached prefix, without changing the tree or its LRU order."""
-        return self._walk(token_ids, split=False)[1]
+        return self._walk(token_ids, split=False, namespace=namespace)[1]
 
-    def _walk(self, token_ids: list[int], split: bool) -> tuple[RadixNode, int]:
-        node, matched = self.root, 0
+    def _root(self, namespace: int) -> RadixNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = RadixNode([], 0, [], None)
+            root.lock_ref = 1
+        return root
+
+    def _walk(self, token_ids: list[int], split: bool, namespace: int = 0) -> tuple[RadixNode, int]:
+        found = self._root(namespace) if split else self._roots.get(namespace)
+        if found is None:  # nothing cached under this namespace (a lookup does not create its root)
+            return self.root, 0
+        node, matched = found, 0
         while matched < len(token_ids):
             child = node.children.get(token_ids[matched])
             if child is None:
@@ -111,7 +127,7 @@ class RadixCache:
         num_blocks = cdiv(num_tokens, self.block_size)
         block_ids = [-1] * num_blocks
         filled_below = num_blocks  # indices >= this are already taken from a deeper node
-        while node is not self.root:
+        while node.parent is not None:  # up to its namespace's root
             first = node.start // self.block_size
             for offset in range(min(len(node.block_ids), filled_below - first)):
                 block_ids[first + offset] = node.block_ids[offset]
@@ -120,12 +136,13 @@ class RadixCache:
         return block_ids
 
     # -- updates -----------------------------------------------------------------------------------------------
-    def insert(self, token_ids: list[int], block_table: list[int]) -> RadixNode:
-        """Cache `token_ids` whose K/V live in `block_table` (a request's table); returns the node ending there.
+    def insert(self, token_ids: list[int], block_table: list[int], namespace: int = 0) -> RadixNode:
+        """Cache `token_ids` whose K/V live in `block_table` (a request's table) in `namespace`; returns the node
+        ending there.
 
         Parts already cached keep their blocks; the new suffix takes a reference on the request's blocks.
         """
-        node, matched = self._walk(token_ids, split=True)
+        node, matched = self._walk(token_ids, split=True, namespace=namespace)
         if matched < len(token_ids):
             first = matched // self.block_size
             last = cdiv(len(token_ids), self.block_size)
@@ -220,13 +237,32 @@ class RadixCache:
                                if leaf.lock_ref == 0]
             heapq.heapify(self._evictable)
 
+    def remove_namespace(self, namespace: int) -> int:
+        """Drop every node of `namespace` (> 0; none may be locked: no request of it is running); returns the
+        blocks given back to the pool."""
+        assert namespace != 0, "the base model's namespace stays"
+        root = self._roots.pop(namespace, None)
+        if root is None:
+            return 0
+        free_before = self.block_pool.num_free_blocks
+        stack = list(root.children.values())
+        while stack:
+            node = stack.pop()
+            assert node.lock_ref == 0, f"{node} is locked"
+            stack.extend(node.children.values())
+            node.parent = None  # detached: its heap entries are stale
+            self.block_pool.free(node.block_ids)
+            self.num_nodes -= 1
+            self.num_tokens -= len(node.token_ids)
+        return self.block_pool.num_free_blocks - free_before
+
     def reset(self) -> None:
         """Drop every unlocked node (all of them when nothing is running)."""
         self.evict(self.block_pool.num_blocks)
 
     # -- introspection -----------------------------------------------------------------------------------------
     def _nodes(self) -> Iterator[RadixNode]:
-        stack = list(self.root.children.values())
+        stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node

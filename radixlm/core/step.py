@@ -65,7 +65,8 @@ class ScheduledChunk:
 class NewRequestData:
     """Everything the worker keeps about a request, sent on its first schedule (and again after a preemption):
     its tokens so far, its sampling parameters as `SamplingParams.to_dict()`, its random stream's seed and the
-    token ids that end it (min_tokens bans them); the pooling parameters of an embedding request (None otherwise)."""
+    token ids that end it (min_tokens bans them); the pooling parameters of an embedding request (None otherwise);
+    the LoRA adapter it runs with (`lora_id`, loaded in the worker beforehand; 0: the base model)."""
 
     request_id: str
     token_ids: list[int]
@@ -74,12 +75,13 @@ class NewRequestData:
     sampling_seed: int
     eos_token_ids: list[int]
     pooling_params: PoolingParams | None = None
+    lora_id: int = 0
 
     @classmethod
     def of(cls, request: Request) -> NewRequestData:
         return cls(request.request_id, list(request.all_token_ids), request.num_prompt_tokens,
                    request.sampling_params.to_dict(), request.sampling_seed, sorted(request.eos_token_ids),
-                   request.pooling_params)
+                   request.pooling_params, request.lora_id)
 
 
 @dataclass(slots=True)

@@ -105,7 +105,8 @@ class StepPlan:
         if (scheduler.config.schedule_policy == "lpm" and kv.radix_cache is not None
                 and len(scheduler.waiting) <= scheduler.config.lpm_fallback_queue_len):
             scheduler.waiting.reorder(order_by_cached_prefix(list(scheduler.waiting), kv))
-        in_flight = [InFlightPrefill(scheduler.requests[c.request_id].all_token_ids, c.start_position, c.context_len)
+        in_flight = [InFlightPrefill(scheduler.requests[c.request_id].all_token_ids, c.start_position, c.context_len,
+                                     scheduler.requests[c.request_id].lora_id)
                      for c in self.scheduled.values() if c.num_tokens > 1] if kv.radix_cache is not None else []
         for request in list(scheduler.waiting):
             if budget == 0 or (freed := self._make_seats(request)) is None:
@@ -132,7 +133,8 @@ class StepPlan:
             chunk = self._admit(request, num_new)
             budget -= num_new
             if num_new > 1:
-                in_flight.append(InFlightPrefill(request.all_token_ids, chunk.start_position, chunk.context_len))
+                in_flight.append(InFlightPrefill(request.all_token_ids, chunk.start_position, chunk.context_len,
+                                                 request.lora_id))
 
     def _admit(self, request: Request, num_new: int) -> ScheduledChunk:
         """A waiting request whose blocks are allocated starts running with its first chunk."""

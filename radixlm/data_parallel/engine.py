@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from radixlm.data_parallel.router import CacheAwareRouter, RouterConfig
-from radixlm.engine.async_engine import AsyncEngine, EngineInfo, OutputStream, group_request_ids
+from radixlm.engine.async_engine import AsyncEngine, EngineInfo, group_request_ids
 from radixlm.engine.llm_engine import LLMEngine
+from radixlm.engine.output_stream import OutputStream
 from radixlm.metrics import EngineMetrics, MergedMetrics
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams

@@ -20,6 +20,7 @@ from typing import Any
 from radixlm.data_parallel.engine import replica_engine_options
 from radixlm.data_parallel.router import CacheAwareRouter
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.lora_request import LoRARequest, lora_id_of
 from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
@@ -53,22 +54,30 @@ class DataParallelLLMEngine:
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]],
                      priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
-                     on_finish: Callable[[RequestOutput], object] | None = None) -> None:
-        """Route each (request_id, prompt, params) and add it to its replica; if one replica refuses, the requests
-        already added elsewhere are aborted before the error propagates."""
+                     on_finish: Callable[[RequestOutput], object] | None = None,
+                     lora_request: LoRARequest | Seq[LoRARequest | None] | None = None) -> None:
+        """Route each (request_id, prompt, params) by its prompt and LoRA adapter (`lora_request`: one for all, or
+        one per request) and add it to its replica (which loads a new adapter first); if one replica refuses, the
+        requests already added elsewhere are aborted before the error propagates."""
         if self._steps:
             raise RuntimeError("requests can only be added while no step is running")
+        requests = list(requests)
+        loras = [lora_request] * len(requests) if lora_request is None or isinstance(lora_request, LoRARequest) \
+            else list(lora_request)
         by_replica: dict[int, list[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]]] = {}
-        for request in requests:
+        replica_loras: dict[int, list[LoRARequest | None]] = {}
+        for request, lora in zip(requests, loras, strict=True):
             prompt = request[1]
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-            replica = self.router.route(token_ids).replica
+            replica = self.router.route(token_ids, lora_id=lora_id_of(lora)).replica
             by_replica.setdefault(replica, []).append(request)
+            replica_loras.setdefault(replica, []).append(lora)
             self._replica_of[request[0]] = replica
         added: list[tuple[int, str]] = []
         try:
             for replica, group in by_replica.items():
-                self.engines[replica].add_requests(group, priority, arrival_time, metadata, on_finish)
+                self.engines[replica].add_requests(group, priority, arrival_time, metadata, on_finish,
+                                                   lora_request=replica_loras[replica])
                 added += [(replica, request_id) for request_id, _, _ in group]
         except Exception:
             for replica, request_id in added:

@@ -68,10 +68,11 @@ class RouterConfig:
             raise ValueError(f"max_blocks must be >= 1, got {self.max_blocks}")
 
 
-def block_names(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chained hash of each full block of `token_ids`: name i depends on blocks 0..i, so equal names mean equal
-    prefixes (up to hash collisions, which only cost a routing choice, never correctness)."""
-    names, parent = [], 0
+def block_names(token_ids: Sequence[int], block_size: int, lora_id: int = 0) -> list[int]:
+    """The chained hash of each full block of `token_ids` under LoRA adapter `lora_id`: name i depends on the
+    adapter and blocks 0..i, so equal names mean equal prefixes computed by the same adapter (up to hash
+    collisions, which only cost a routing choice, never correctness)."""
+    names, parent = [], hash(("lora", lora_id)) if lora_id else 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, *token_ids[start:start + block_size]))
         names.append(parent)
@@ -126,10 +127,10 @@ class CacheAwareRouter:
     def num_replicas(self) -> int:
         return len(self.loads)
 
-    def choose(self, token_ids: Sequence[int]) -> RouteDecision:
-        """Where a request with this prompt would go now (changes nothing)."""
+    def choose(self, token_ids: Sequence[int], lora_id: int = 0) -> RouteDecision:
+        """Where a request with this prompt and LoRA adapter would go now (changes nothing)."""
         config = self.config
-        names = block_names(token_ids, config.block_size)
+        names = block_names(token_ids, config.block_size, lora_id)
         matches = [index.match(names) * config.block_size for index in self.indexes]
         least_loaded = min(range(self.num_replicas), key=lambda i: (self.loads[i], len(self.indexes[i]), i))
         best = min(range(self.num_replicas), key=lambda i: (-matches[i], self.loads[i], i))
@@ -139,11 +140,12 @@ class CacheAwareRouter:
             return RouteDecision(least_loaded, 0, "balance")
         return RouteDecision(best, matches[best], "cache")
 
-    def route(self, token_ids: Sequence[int], num_requests: int = 1) -> RouteDecision:
-        """Choose a replica for `num_requests` requests sharing this prompt, record the prompt there and count them
-        in its load; call `finish` once per request when it ends (or `finish(replica, n)` if admission failed)."""
-        decision = self.choose(token_ids)
-        self.indexes[decision.replica].insert(block_names(token_ids, self.config.block_size))
+    def route(self, token_ids: Sequence[int], num_requests: int = 1, lora_id: int = 0) -> RouteDecision:
+        """Choose a replica for `num_requests` requests sharing this prompt and LoRA adapter, record the prompt
+        there and count them in its load; call `finish` once per request when it ends (or `finish(replica, n)` if
+        admission failed)."""
+        decision = self.choose(token_ids, lora_id)
+        self.indexes[decision.replica].insert(block_names(token_ids, self.config.block_size, lora_id))
         self.loads[decision.replica] += num_requests
         self.num_routed[decision.replica] += num_requests
         return decision

@@ -16,6 +16,7 @@ from radixlm.config import EngineConfig
 from radixlm.engine.parent_request import ParentRequest, RequestState
 from radixlm.engine.text_stream import TextStream
 from radixlm.errors import ParamError
+from radixlm.lora_request import LoRARequest
 from radixlm.pooling_params import POOLING_SAMPLING_PARAMS, PoolingParams
 from radixlm.request import Request, child_request_id
 from radixlm.sample.rng import mix_seed
@@ -88,13 +89,15 @@ class Admission:
         return token_ids
 
     def build_parent(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | PoolingParams,
-                     priority: int, arrival_time: float | None) -> ParentRequest:
+                     priority: int, arrival_time: float | None, lora_request: LoRARequest | None = None,
+                     ) -> ParentRequest:
         """The parent of a checked request: one core Request per sequence (its child requests), each with its own
         random stream (`seed + index`; an unseeded request's seed is mixed from the engine seed and its arrival
-        number). PoolingParams: one request that pools its prompt (the engine's pooling type unless given)."""
+        number), all running LoRA adapter `lora_request` (None: the base model). PoolingParams: one request that
+        pools its prompt (the engine's pooling type unless given)."""
         if isinstance(params, PoolingParams):
             return self._pooling_parent(request_id, prompt, params.resolved(self.pooling_type), priority,
-                                        arrival_time)
+                                        arrival_time, lora_request)
         prompt_token_ids = self.tokenize(prompt)
         arrival_order = next(self._arrival_counter)
         seed = params.seed if params.seed is not None else mix_seed(self.engine_seed, arrival_order)
@@ -102,19 +105,19 @@ class Admission:
         for index in range(params.num_sequences):
             request = Request(child_request_id(request_id, index), prompt_token_ids, params,
                               eos_token_ids=self.eos_token_ids, arrival_order=arrival_order, priority=priority,
-                              arrival_time=arrival_time, sampling_seed=seed + index)
+                              arrival_time=arrival_time, sampling_seed=seed + index, lora_request=lora_request)
             children.append(RequestState(index, request, TextStream(self.tokenizer, prompt_token_ids, params),
                                       [] if params.logprobs is not None else None))
         return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids, params,
                              children, prompt_logprobs=[None] if params.prompt_logprobs is not None else None)
 
     def _pooling_parent(self, request_id: str, prompt: str | Seq[int], params: PoolingParams, priority: int,
-                        arrival_time: float | None) -> ParentRequest:
+                        arrival_time: float | None, lora_request: LoRARequest | None) -> ParentRequest:
         """An embedding request: one core Request that pools its prompt; no text, no random stream."""
         prompt_token_ids = self.tokenize(prompt)
         request = Request(request_id, prompt_token_ids, POOLING_SAMPLING_PARAMS, eos_token_ids=self.eos_token_ids,
                           arrival_order=next(self._arrival_counter), priority=priority, arrival_time=arrival_time,
-                          pooling_params=params)
+                          pooling_params=params, lora_request=lora_request)
         state = RequestState(0, request, TextStream(self.tokenizer, prompt_token_ids, POOLING_SAMPLING_PARAMS), None)
         return ParentRequest(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids,
                              POOLING_SAMPLING_PARAMS, [state])

@@ -26,10 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.engine.llm_engine import LLMEngine
+from radixlm.engine.output_stream import OutputStream
+from radixlm.errors import ParamError
+from radixlm.lora_request import LoRARequest
 from radixlm.metrics import EngineMetrics, SchedulerStats
 from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
@@ -84,44 +88,6 @@ def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
                           num_spec_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos) if spec else ())
 
 
-class OutputStream:
-    """The outputs of a group of engine requests, as `(prompt index, RequestOutput)`, in step order.
-
-    Iterate it from the event loop; `abort()` (idempotent) aborts the requests that have not finished. A consumer
-    that stops early must call `abort()`, or the requests keep their KV blocks until they finish.
-    """
-
-    def __init__(self, engine: AsyncEngine, request_ids: list[str]) -> None:
-        self.request_ids = request_ids
-        self._engine = engine
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._prompt_index = {request_id: i for i, request_id in enumerate(request_ids)}
-        self._unfinished = set(request_ids)
-
-    def abort(self) -> None:
-        if self._unfinished:
-            self._engine.abort(sorted(self._unfinished))
-            self._unfinished.clear()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        """Event-loop side of the hand-off (called through call_soon_threadsafe)."""
-        self._queue.put_nowait(item)
-
-    def __aiter__(self) -> OutputStream:
-        return self
-
-    async def __anext__(self) -> tuple[int, RequestOutput]:
-        while self._unfinished or not self._queue.empty():
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                self._unfinished.clear()
-                raise item
-            if item.finished:
-                self._unfinished.discard(item.request_id)
-            return self._prompt_index[item.request_id], item
-        raise StopAsyncIteration
-
-
 @dataclass
 class _AdmitCommand:
     prompts: list[list[int]]
@@ -131,6 +97,15 @@ class _AdmitCommand:
     stream: OutputStream
     done: asyncio.Future[None] = field(repr=False)
     metadata: dict[str, str] | None = None
+    lora_name: str | None = None
+
+
+@dataclass
+class _EngineCall:
+    """Run `function(engine)` on the engine thread between steps; its result or exception resolves `done`."""
+
+    function: Callable[[LLMEngine], object]
+    done: asyncio.Future[object] = field(repr=False)
 
 
 @dataclass
@@ -161,6 +136,8 @@ class AsyncEngine:
         self._streams: dict[str, OutputStream] = {}  # engine thread only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # The loaded LoRA adapters by name: replaced whole by the engine thread after each change, read anywhere.
+        self.lora_requests: dict[str, LoRARequest] = {}
 
     # -- event loop side ---------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -177,14 +154,15 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams | PoolingParams,
                        priority: int = 0, arrival_time: float | None = None,
-                       metadata: dict[str, str] | None = None) -> OutputStream:
+                       metadata: dict[str, str] | None = None, lora_name: str | None = None) -> OutputStream:
         """Admit one request per prompt (ids `request_id` or `request_id-i`), with the client's `metadata` (kept
-        on the outputs and in the trace); PoolingParams: embedding requests. See the module docstring."""
+        on the outputs and in the trace), running LoRA adapter `lora_name` (None: the base model; ValueError if it
+        is not loaded when the engine admits it); PoolingParams: embedding requests. See the module docstring."""
         assert self._loop is not None, "start() first"
-        stream = OutputStream(self, group_request_ids(request_id, len(prompts)))
+        stream = OutputStream(self.abort, group_request_ids(request_id, len(prompts)))
         done: asyncio.Future[None] = self._loop.create_future()
         admission = _AdmitCommand(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
-                               metadata)
+                                  metadata, lora_name)
         with self._lock:
             reason = self.unavailable_reason
             if reason is not None:
@@ -196,6 +174,26 @@ class AsyncEngine:
             stream.abort()  # the abort is queued behind the admission, so it always finds the requests
             raise
         return stream
+
+    async def call(self, function: Callable[[LLMEngine], object]) -> object:
+        """`function(engine)` run on the engine thread between steps (loading and unloading LoRA adapters); raises
+        what it raised, or EngineUnavailableError."""
+        assert self._loop is not None, "start() first"
+        done: asyncio.Future[object] = self._loop.create_future()
+        with self._lock:
+            reason = self.unavailable_reason
+            if reason is not None:
+                raise EngineUnavailableError(reason)
+            self._commands.put(_EngineCall(function, done))
+        return await done
+
+    async def load_lora(self, lora_request: LoRARequest) -> None:
+        """Check and load an adapter under its own name and id (see `LoRARegistry.add`)."""
+        await self.call(lambda engine: engine.loras.add(lora_request))
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload adapter `name`; ValueError if it is not loaded or a live request runs it."""
+        await self.call(lambda engine: engine.loras.unload(name))
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe, idempotent); their final outputs still reach their stream."""
@@ -221,6 +219,7 @@ class AsyncEngine:
                                    schedule_policy=engine.config.scheduler.schedule_policy,
                                    prompts_per_request_limit=engine.config.scheduler.prompts_per_request_limit,
                                    structured=engine.structured, hidden_size=engine.worker_info.hidden_size)
+            self.lora_requests = dict(engine.loras.by_name)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             self.metrics.watch_grammar_cache(engine.structured.cache_stats)
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
@@ -245,6 +244,8 @@ class AsyncEngine:
                 return False
             if isinstance(command, _AdmitCommand):
                 self._admit(engine, command)
+            elif isinstance(command, _EngineCall):
+                self._run_call(engine, command)
             elif isinstance(command, _Abort):
                 outputs = [o for o in map(engine.abort_request, command.request_ids) if o is not None]
                 self._route(outputs, batch)
@@ -268,14 +269,29 @@ class AsyncEngine:
             except queue.Empty:
                 return commands
 
+    def _run_call(self, engine: LLMEngine, call: _EngineCall) -> None:
+        result: object = None
+        error: BaseException | None = None
+        try:
+            result = call.function(engine)
+        except Exception as exc:  # it belongs to the caller, never kills the engine
+            error = exc
+        self.lora_requests = dict(engine.loras.by_name)
+        self._loop.call_soon_threadsafe(_resolve, call.done, error, result)  # type: ignore[union-attr]
+
     def _admit(self, engine: LLMEngine, admission: _AdmitCommand) -> None:
         request_ids = admission.stream.request_ids
         error: BaseException | None = None
         try:
+            lora_request = None
+            if admission.lora_name is not None:
+                lora_request = engine.loras.by_model_name(admission.lora_name)
+                if lora_request is None:
+                    raise ParamError("model", f"LoRA adapter {admission.lora_name!r} is not loaded")
             engine.add_requests([(request_id, prompt, admission.params)
                                  for request_id, prompt in zip(request_ids, admission.prompts, strict=True)],
                                 priority=admission.priority, arrival_time=admission.arrival_time,
-                                metadata=admission.metadata)
+                                metadata=admission.metadata, lora_request=lora_request)
             self._streams.update(dict.fromkeys(request_ids, admission.stream))
         except Exception as exc:  # every admission error goes back to its caller, never kills the engine
             error = exc
@@ -311,7 +327,7 @@ class AsyncEngine:
         self._ended.extend(self._streams)
         self._streams.clear()
         for command in self._take_commands(block=False):
-            if isinstance(command, _AdmitCommand):
+            if isinstance(command, (_AdmitCommand, _EngineCall)):
                 self._loop.call_soon_threadsafe(_resolve, command.done, error)  # type: ignore[union-attr]
         self._deliver([(stream, error) for stream in streams])
         if engine is not None:
@@ -323,11 +339,11 @@ def group_request_ids(request_id: str, num_prompts: int) -> list[str]:
     return [request_id] if num_prompts == 1 else [f"{request_id}-{i}" for i in range(num_prompts)]
 
 
-def _resolve(done: asyncio.Future[None], error: BaseException | None) -> None:
+def _resolve(done: asyncio.Future[Any], error: BaseException | None, result: object = None) -> None:
     if done.cancelled():
         return
     if error is None:
-        done.set_result(None)
+        done.set_result(result)
     else:
         done.set_exception(error)
 

@@ -35,9 +35,11 @@ from radixlm.core.step import ModelRunnerOutput, RequestError, RequestUpdate, Sc
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
 from radixlm.engine.logprob_formatter import LogprobFormatter
+from radixlm.engine.lora_registry import LoRARegistry
 from radixlm.engine.output_processor import OutputProcessor
 from radixlm.engine.trace_recorder import TraceRecorder
 from radixlm.errors import ParamError
+from radixlm.lora_request import LoRARequest
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.model.runner import ModelRunner
 from radixlm.outputs import RequestOutput
@@ -83,6 +85,11 @@ class LLMEngine:
         self.grammars = GrammarTracker(self.structured)
         self.scheduler = Scheduler(config.scheduler, kv_cache_manager, self.max_model_len, grammar=self.grammars)
         self.admission = Admission(config, self.tokenizer, info.vocab_size, self.eos_token_ids)
+        self.loras = LoRARegistry(config.lora, self.worker, info.lora_target_shapes,
+                                  lambda: (request.lora_id for request in self.scheduler.requests.values()),
+                                  kv_cache_manager.drop_namespace)
+        for name, path in config.lora.modules:
+            self.loras.load(name, path)
         self._num_failed_forwards = 0  # in a row
         self.num_steps = 0  # steps that ran a forward (or tried to)
         self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools and the dashboard
@@ -103,9 +110,11 @@ class LLMEngine:
     # -- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | Seq[int], params: SamplingParams | PoolingParams | None = None,
                     priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
-                    on_finish: Callable[[RequestOutput], object] | None = None) -> Request:
-        """Tokenize and queue a request (all its sequences; PoolingParams: an embedding request); raises
-        ValueError for one that can never run.
+                    on_finish: Callable[[RequestOutput], object] | None = None,
+                    lora_request: LoRARequest | None = None) -> Request:
+        """Tokenize and queue a request (all its sequences; PoolingParams: an embedding request), with LoRA adapter
+        `lora_request` (loaded first if new, see `LoRARegistry.resolve`); raises ValueError for one that can never
+        run.
 
         `metadata` is the caller's, returned on every output of the request. `on_finish(final_output)` runs once,
         on the engine's thread, when the request ends in any terminal state (finished, aborted, failed); an
@@ -120,7 +129,8 @@ class LLMEngine:
         taken = [i for i in [request_id, *ids] if i in book.parents or i in book.states]
         if taken:
             raise ParamError("request_id", f"{taken[0]!r} is already in use")
-        parent = self.admission.build_parent(request_id, prompt, params, priority, arrival_time)
+        parent = self.admission.build_parent(request_id, prompt, params, priority, arrival_time,
+                                             self.loras.resolve(lora_request))
         parent.metadata, parent.on_finish = dict(metadata) if metadata else None, on_finish
         first = parent.first.request
         self.scheduler.check_admissible(first)  # before its grammar is compiled
@@ -133,9 +143,10 @@ class LLMEngine:
 
     def add_requests(self, requests: Iterable[tuple[str, str | Seq[int], SamplingParams | PoolingParams | None]],
                      priority: int = 0, arrival_time: float | None = None, metadata: Mapping[str, Any] | None = None,
-                     on_finish: Callable[[RequestOutput], object] | None = None) -> None:
+                     on_finish: Callable[[RequestOutput], object] | None = None,
+                     lora_request: LoRARequest | Seq[LoRARequest | None] | None = None) -> None:
         """`add_request` for each (request_id, prompt, params), all or nothing: if one raises, those already added
-        are aborted before the error propagates."""
+        are aborted before the error propagates. `lora_request`: one for all, or one per request."""
         requests = list(requests)
         limit = self.config.scheduler.max_queued_requests
         if limit is not None and len(requests) > limit:
@@ -143,9 +154,11 @@ class LLMEngine:
                              f"(--max-queued-requests): it could never be admitted whole")
         added: list[str] = []
         try:
-            for request_id, prompt, params in requests:
+            loras = [lora_request] * len(requests) if lora_request is None or isinstance(lora_request, LoRARequest) \
+                else list(lora_request)
+            for (request_id, prompt, params), lora in zip(requests, loras, strict=True):
                 self.add_request(request_id, prompt, params, priority=priority, arrival_time=arrival_time,
-                                 metadata=metadata, on_finish=on_finish)
+                                 metadata=metadata, on_finish=on_finish, lora_request=lora)
                 added.append(request_id)
         except Exception:
             for request_id in added:
@@ -277,8 +290,8 @@ def _start_worker(model_dir: Path, config: EngineConfig) -> ModelWorker | Worker
 
         return TensorParallelExecutor(model_dir, config.model, config.cache, config.parallel)
     if config.model.distributed_executor_backend == "mp":
-        return WorkerProcess(model_dir, config.model, config.cache)
-    return ModelWorker(model_dir, config.model, config.cache)
+        return WorkerProcess(model_dir, config.model, config.cache, config.lora.enabled)
+    return ModelWorker(model_dir, config.model, config.cache, enable_lora=config.lora.enabled)
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

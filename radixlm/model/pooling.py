@@ -57,17 +57,15 @@ def reduce_chunk(hidden: torch.Tensor, pooling_type: str) -> torch.Tensor:
     raise ValueError(f"unknown pooling type {pooling_type!r}")
 
 
-def pool_chunks(chunks: Sequence[ScheduledChunk], hidden: torch.Tensor,
+def pool_chunks(chunks: Sequence[ScheduledChunk], first_rows: Sequence[int], hidden: torch.Tensor,
                 pooling_types: Mapping[str, str]) -> dict[str, torch.Tensor]:
     """`reduce_chunk` of each chunk whose request is in `pooling_types` (request id -> "last" / "mean"); `hidden` is
-    the packed batch's `[T, H]`, chunk after chunk."""
+    the packed batch's `[T, H]`, where chunk i starts at row `first_rows[i]`."""
     reduced: dict[str, torch.Tensor] = {}
-    row = 0
-    for chunk in chunks:
+    for chunk, row in zip(chunks, first_rows, strict=True):
         pooling_type = pooling_types.get(chunk.request_id)
         if pooling_type is not None:
             reduced[chunk.request_id] = reduce_chunk(hidden[row:row + chunk.num_tokens], pooling_type)
-        row += chunk.num_tokens
     return reduced
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
+from radixlm.model.lora.adapters import LoRAAdapters
 from radixlm.model.pooling import final_hidden_states, pool_chunks
 from radixlm.model.sharding import local_kv_heads
 
@@ -63,9 +65,10 @@ class ModelRunner:
     """Owns the model and its paged KV cache; `execute` turns a step's chunks into logits."""
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
-                 tensor_parallel_size: int = 1) -> None:
+                 tensor_parallel_size: int = 1, enable_lora: bool = False) -> None:
         """`tensor_parallel_size` > 1: this process is one rank of a joined group (`worker/tensor_parallel/`); it
-        loads its shard of the weights and caches its own KV heads, in as many blocks as every rank can hold."""
+        loads its shard of the weights and caches its own KV heads, in as many blocks as every rank can hold.
+        `enable_lora`: the projections take LoRA adapters (`self.lora`)."""
         if model_config.num_threads is not None:
             torch.set_num_threads(model_config.num_threads)
         self.device = resolve_device(model_config.device)
@@ -81,6 +84,7 @@ class ModelRunner:
                                                  small_batch_kernels=self.attention_backend.runs_cpp_kernels,
                                                  device=self.device, tensor_parallel_size=tensor_parallel_size)
         self.shape = ModelShape.from_config(self.model.config, tensor_parallel_size)
+        self.lora = LoRAAdapters(self.model) if enable_lora else None
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              kv_dtype)
         num_blocks = agree_min(cache_config.num_kv_blocks or num_blocks_for_budget(
@@ -92,16 +96,22 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[ScheduledChunk], block_tables: Mapping[str, list[int]],
                 prompt_logits_positions: Mapping[str, tuple[int, int]] | None = None,
-                pooling_types: Mapping[str, str] | None = None) -> ForwardOutput:
+                pooling_types: Mapping[str, str] | None = None,
+                lora_ids: Mapping[str, int] | None = None) -> ForwardOutput:
         """Compute the chunks (their requests' K/V live in `block_tables[request_id]`); return the logits of the
         sampled rows and of the prompt positions asked for (`prompt_logits_positions[request_id] = (first, end)`,
         within that request's chunk), and the final hidden states of the chunks of `pooling_types`' requests
-        reduced as it says ("last" or "mean", see `radixlm.model.pooling.reduce_chunk`)."""
-        batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions, self.attention_backend)
-        with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden:
+        reduced as it says ("last" or "mean", see `radixlm.model.pooling.reduce_chunk`). `lora_ids[request_id]`: the
+        LoRA adapter an adapted request runs with (loaded in `self.lora`)."""
+        batch = InputBatch.build(chunks, block_tables, self.kv_cache, prompt_logits_positions, self.attention_backend,
+                                 lora_ids)
+        if batch.lora_groups and self.lora is None:
+            raise RuntimeError("a request runs a LoRA adapter, but this model was loaded without LoRA support")
+        with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden, \
+                self.lora.rows(batch.lora_groups) if self.lora is not None else nullcontext():
             result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
                                 logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
-        pooled = pool_chunks(chunks, hidden[0][0], pooling_types) if pooling_types else {}
+        pooled = pool_chunks(chunks, batch.first_rows, hidden[0][0], pooling_types) if pooling_types else {}
         # The sampler runs on the host: its per-request streams and masks are host tensors (one copy per step).
         logits = result.logits[0].float().cpu()
         sampled = batch.num_sampled_rows

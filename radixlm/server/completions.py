@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.engine.async_engine import EngineInfo, OutputStream
+from radixlm.engine.async_engine import EngineInfo
+from radixlm.engine.output_stream import OutputStream
 from radixlm.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
 from radixlm.server.openai_logprobs import OpenAILogprobs

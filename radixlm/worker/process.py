@@ -1,9 +1,10 @@
 """WorkerProcess: a `ModelWorker` in a child process, fed pickled steps over a pipe.
 
-The engine sees the same interface (`info()`, `execute_model(step, grammar_bitmask)`): each step's `SchedulerOutput`
-(with the grammar bitmask beside it) is pickled and sent, the `ModelRunnerOutput` comes back pickled. Nothing else
-crosses, which is what a worker on another device or host needs too. An exception in the child's step comes back
-and is raised in the engine (the forward failed).
+The engine sees the same interface (`info()`, `execute_model(step, grammar_bitmask)`, `add_lora`, `remove_lora`):
+each call is pickled as the method's name and its arguments (a step's `SchedulerOutput` with the grammar bitmask
+beside it, or a checked LoRA adapter), and its result comes back pickled. Nothing else crosses, which is what a
+worker on another device or host needs too. An exception in the child's call comes back and is raised in the
+engine (the forward failed, or the adapter did not load).
 
 A child that dies is noticed while the engine waits for it: `WorkerDiedError` (the engine cannot go on), never a
 hang. `check_health()` lets an idle engine notice it too. Subclasses watch more processes (tensor-parallel ranks).
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
+from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
@@ -30,6 +32,10 @@ POLL_SECONDS = 0.2  # how often a waiting engine checks that its processes are a
 
 class WorkerDiedError(RuntimeError):
     """A worker process (or a tensor-parallel rank) exited: the engine cannot run another step."""
+
+
+# What the engine may call on a worker in another process.
+WORKER_METHODS = frozenset({"execute_model", "add_lora", "remove_lora"})
 
 
 class StepWorker(Protocol):
@@ -72,7 +78,10 @@ def _answer_steps(connection: Connection, worker: StepWorker) -> None:
         if not data:
             return
         try:
-            reply: object = worker.execute_model(*pickle.loads(data))
+            method, args = pickle.loads(data)
+            if method not in WORKER_METHODS:
+                raise ValueError(f"a worker has no method {method!r}")
+            reply: object = getattr(worker, method)(*args)
         except Exception as error:
             reply = _Failed(error)
         try:
@@ -85,8 +94,9 @@ def _answer_steps(connection: Connection, worker: StepWorker) -> None:
 class WorkerProcess:
     """Start a worker process (spawned: no state inherited) and wait until its model is loaded."""
 
-    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig) -> None:
-        self._start(ModelWorker, (model_dir, model_config, cache_config), name="radixlm-worker")
+    def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
+                 enable_lora: bool = False) -> None:
+        self._start(ModelWorker, (model_dir, model_config, cache_config, 1, True, enable_lora), name="radixlm-worker")
 
     def _start(self, make_worker: Callable[..., StepWorker], args: tuple[Any, ...], name: str) -> None:
         context = multiprocessing.get_context("spawn")
@@ -102,15 +112,24 @@ class WorkerProcess:
         return self._info
 
     def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None) -> ModelRunnerOutput:
+        return self._call("execute_model", step, grammar_bitmask)  # type: ignore[return-value]
+
+    def add_lora(self, lora_id: int, adapter: AdapterFile) -> None:
+        self._call("add_lora", lora_id, adapter)
+
+    def remove_lora(self, lora_id: int) -> None:
+        self._call("remove_lora", lora_id)
+
+    def _call(self, method: str, *args: Any) -> object:
         self.check_health()
-        data = pickle.dumps((step, grammar_bitmask), protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         self.last_step_bytes = len(data)
         try:
             self._connection.send_bytes(data)
         except OSError:
             self.check_health()
             raise WorkerDiedError(self._death(self._process)) from None
-        return self._receive()  # type: ignore[return-value]
+        return self._receive()
 
     def watched(self) -> list[tuple[str, BaseProcess]]:
         """(name, process) of every process a step needs, checked while waiting."""

@@ -20,6 +20,7 @@ import torch
 
 from radixlm.config import CacheConfig, ModelConfig
 from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput, TokenLogprobs
+from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.model.pooling import embedding_of
 from radixlm.model.runner import ModelRunner
 from radixlm.sample.bitmask import apply_token_bitmask_
@@ -42,6 +43,7 @@ class WorkerInfo:
     max_position_embeddings: int | None
     model_eos_token_ids: frozenset[int]  # named by the model's generation config and config
     hidden_size: int  # the length of an embedding
+    lora_target_shapes: dict[str, tuple[int, int]] | None = None  # LoRA-adaptable projections (None: LoRA off)
 
 
 class ModelWorker:
@@ -49,8 +51,8 @@ class ModelWorker:
     tables, block copies, forks' KV copies); `execute_model` then returns an empty output."""
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
-                 tensor_parallel_size: int = 1, samples: bool = True) -> None:
-        self.runner = ModelRunner(model_dir, model_config, cache_config, tensor_parallel_size)
+                 tensor_parallel_size: int = 1, samples: bool = True, enable_lora: bool = False) -> None:
+        self.runner = ModelRunner(model_dir, model_config, cache_config, tensor_parallel_size, enable_lora)
         self.samples = samples
         self.sampler = Sampler(self.runner.shape.vocab_size)
         self.requests: dict[str, WorkerRequest] = {}
@@ -61,8 +63,21 @@ class ModelWorker:
         for source in (model.generation_config, model.config):
             value = getattr(source, "eos_token_id", None)
             eos.update([value] if isinstance(value, int) else value or [])
+        lora = self.runner.lora
         return WorkerInfo(self.runner.kv_cache.num_blocks, self.runner.kv_cache.num_slots, shape.vocab_size,
-                          shape.max_position_embeddings, frozenset(eos), shape.hidden_size)
+                          shape.max_position_embeddings, frozenset(eos), shape.hidden_size,
+                          None if lora is None else lora.target_shapes())
+
+    def add_lora(self, lora_id: int, adapter: AdapterFile) -> None:
+        """Load a checked LoRA adapter's weights as `lora_id` (see `radixlm.model.lora.adapters`)."""
+        if self.runner.lora is None:
+            raise RuntimeError("the model was loaded without LoRA support (--enable-lora)")
+        self.runner.lora.add(lora_id, adapter)
+
+    def remove_lora(self, lora_id: int) -> None:
+        """Drop adapter `lora_id`'s weights (no request running it may be left)."""
+        if self.runner.lora is not None:
+            self.runner.lora.remove(lora_id)
 
     @torch.inference_mode()
     def execute_model(self, step: SchedulerOutput, grammar_bitmask: GrammarBitmask | None = None) -> ModelRunnerOutput:
@@ -73,8 +88,10 @@ class ModelWorker:
         if step.block_copies:
             kv_cache.copy_blocks(step.block_copies)
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
+        lora_ids = {chunk.request_id: lora_id for chunk in step.chunks
+                    if (lora_id := self.requests[chunk.request_id].lora_id)}
         result = self.runner.execute(step.chunks, tables, step.prompt_logprob_positions,
-                                     self._pooling_types(step) if self.samples else None)
+                                     self._pooling_types(step) if self.samples else None, lora_ids)
         parent_rows: dict[str, int] = {}  # a sampling request -> its last logits row
         rows: list[WorkerRequest] = []
         for chunk in step.chunks:

@@ -29,12 +29,13 @@ class WorkerRequest:
     pooling_params: PoolingParams | None = None
     pooled: Any = None  # a [hidden] float32 tensor: the running sum of the final hidden states ("mean"), or the last
     num_pooled_positions: int = 0
+    lora_id: int = 0  # the LoRA adapter it runs with (0: the base model)
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> WorkerRequest:
         return cls(data.request_id, list(data.token_ids), data.num_prompt_tokens,
                    SamplingParams.from_dict(data.sampling_params), data.sampling_seed, frozenset(data.eos_token_ids),
-                   pooling_params=data.pooling_params)
+                   pooling_params=data.pooling_params, lora_id=data.lora_id)
 
     def add_pooled(self, reduced: Any, num_positions: int) -> None:
         """Fold one chunk's reduced hidden states (`radixlm.model.pooling.reduce_chunk`) into `pooled`."""
@@ -47,7 +48,7 @@ class WorkerRequest:
         """Sequence `fork.child_id`: this request's prompt and parameters, its own seed and blocks."""
         assert self.num_tokens == self.num_prompt_tokens, "a sequence forks before its first token"
         return WorkerRequest(fork.child_id, list(self.all_token_ids), self.num_prompt_tokens, self.sampling_params,
-                             fork.sampling_seed, self.eos_token_ids, list(fork.block_ids))
+                             fork.sampling_seed, self.eos_token_ids, list(fork.block_ids), lora_id=self.lora_id)
 
     def draft_row(self, draft_token_ids: list[int]) -> WorkerRequest:
         """Sampling row j of this request verifying drafts: the request as it would be with its first j drafts

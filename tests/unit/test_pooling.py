@@ -26,7 +26,7 @@ def test_pool_chunks_finds_each_requests_rows_in_the_packed_batch():
     chunks = [ScheduledChunk("a", [1, 2, 3], 0, [], 0), ScheduledChunk("b", [4], 9, [], 1),
               ScheduledChunk("c", [5, 6], 0, [], 0, pools=True)]
     hidden = torch.arange(6 * 2, dtype=torch.float32).view(6, 2)
-    pooled = pool_chunks(chunks, hidden, {"a": "mean", "c": "last"})
+    pooled = pool_chunks(chunks, [0, 3, 4], hidden, {"a": "mean", "c": "last"})
     assert set(pooled) == {"a", "c"}
     assert pooled["a"].tolist() == hidden[:3].sum(0).tolist() and pooled["c"].tolist() == hidden[5].tolist()
 

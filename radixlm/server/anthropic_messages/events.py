@@ -18,7 +18,8 @@ from typing import Any
 from fastapi.sse import format_sse_event
 from pydantic import BaseModel
 
-from radixlm.engine.async_engine import EngineUnavailableError, OutputStream
+from radixlm.engine.async_engine import EngineUnavailableError
+from radixlm.engine.output_stream import OutputStream
 from radixlm.server.anthropic_messages.replies import Message, MessageUsage, StopReason
 from radixlm.server.errors import APIError, anthropic_error_body
 
