@@ -114,6 +114,10 @@ class EngineMetrics:
         self.spec_accepted_per_pos = Counter("radixlm:spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by position in the draft (0 = first).",
                                              labelnames=[*labels, "position"], registry=self.registry)
+        self.lora_requests = Counter("radixlm:lora_requests", "Requests admitted per LoRA adapter (by the name "
+                                     "clients use; a series leaves when its adapter is unloaded).",
+                                     labelnames=[*labels, "lora_name"], registry=self.registry)
+        self.loras_loaded = gauge("radixlm:lora_adapters_loaded", "LoRA adapters loaded (at most --max-loras).")
         self._spec_seen = SchedulerStats(0, 0, 0.0, 0.0, 0)
         self._label_names = labels
         self._label_values = values
@@ -146,6 +150,15 @@ class EngineMetrics:
                     self.e2e_latency.observe(output.metrics.e2e)
             else:
                 self._last_token_time[output.request_id] = now
+
+    def observe_loras(self, admitted: str | None, num_requests: int, loaded: Iterable[str]) -> None:
+        """Count `num_requests` admitted running adapter `admitted` (None: none); keep series of `loaded` only."""
+        names = set(loaded)
+        self.loras_loaded.set(len(names))
+        if admitted is not None:
+            self.lora_requests.labels(*self._label_values, admitted).inc(num_requests)
+        for labels in [key for key in self.lora_requests._metrics if key[-1] not in names]:
+            self.lora_requests.remove(*labels)
 
     def observe_finished(self, reason: str) -> None:
         self.requests_finished.labels(*self._label_values, reason).inc()

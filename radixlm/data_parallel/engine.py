@@ -29,6 +29,8 @@ from radixlm.data_parallel.router import CacheAwareRouter, RouterConfig
 from radixlm.engine.async_engine import AsyncEngine, EngineInfo, group_request_ids
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.output_stream import OutputStream
+from radixlm.errors import ParamError
+from radixlm.lora_request import LoRARequest, lora_id_of
 from radixlm.metrics import EngineMetrics, MergedMetrics
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
@@ -92,18 +94,56 @@ class DataParallelEngine:
 
     async def generate(self, request_id: str, prompts: Sequence[list[int]], params: SamplingParams | PoolingParams,
                        priority: int = 0, arrival_time: float | None = None,
-                       metadata: dict[str, str] | None = None) -> OutputStream:
-        """Route the group, then admit it on its replica (same contract as `AsyncEngine.generate`)."""
+                       metadata: dict[str, str] | None = None, lora_name: str | None = None) -> OutputStream:
+        """Route the group by its first prompt and LoRA adapter, then admit it on its replica (same contract as
+        `AsyncEngine.generate`)."""
         request_ids = group_request_ids(request_id, len(prompts))
-        decision = self.router.route(prompts[0], len(request_ids))
+        lora = self.lora_requests.get(lora_name) if lora_name is not None else None
+        decision = self.router.route(prompts[0], len(request_ids), lora_id_of(lora))
         logger.debug("request %s -> replica %d (%s, %d tokens matched)", request_id, decision.replica,
                      decision.reason, decision.matched_tokens)
         self._replica_of.update(dict.fromkeys(request_ids, decision.replica))
         try:
             return await self.replicas[decision.replica].generate(request_id, prompts, params, priority,
-                                                                  arrival_time, metadata)
+                                                                  arrival_time, metadata, lora_name)
         except BaseException:
             self._ended(decision.replica, request_ids)  # not admitted (or aborted while admitting)
+            raise
+
+    @property
+    def lora_requests(self) -> dict[str, LoRARequest]:
+        """The loaded LoRA adapters (every replica holds each one, under the same id)."""
+        return self.replicas[0].lora_requests
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the adapter on every replica under one fresh id; if a replica refuses, the others unload it."""
+        if name in self.lora_requests:
+            raise ParamError("lora_name", f"adapter {name!r} is already loaded (unload it first)")
+        lora_id = max((lora.lora_int_id for lora in self.lora_requests.values()), default=0) + 1
+        lora_request = LoRARequest(name, lora_id, path)
+        loaded: list[AsyncEngine] = []
+        try:
+            for replica in self.replicas:
+                await replica.add_lora(lora_request)
+                loaded.append(replica)
+        except BaseException:
+            for replica in loaded:
+                await replica.unload_lora_adapter(name)
+            raise
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Unload the adapter from every replica; if one refuses (a live request there runs it), the replicas that
+        had unloaded it load it back, and its ValueError propagates."""
+        lora_request = self.lora_requests.get(name)
+        unloaded: list[AsyncEngine] = []
+        try:
+            for replica in self.replicas:
+                await replica.unload_lora_adapter(name)
+                unloaded.append(replica)
+        except BaseException:
+            for replica in unloaded:
+                if lora_request is not None:
+                    await replica.add_lora(lora_request)
             raise
 
     def abort(self, request_ids: list[str]) -> None:

@@ -187,11 +187,15 @@ class AsyncEngine:
             self._commands.put(_EngineCall(function, done))
         return await done
 
-    async def load_lora(self, lora_request: LoRARequest) -> None:
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Check and load the adapter in `path` as `name` with a fresh id (see `LoRARegistry.load`)."""
+        await self.call(lambda engine: engine.loras.load(name, path))
+
+    async def add_lora(self, lora_request: LoRARequest) -> None:
         """Check and load an adapter under its own name and id (see `LoRARegistry.add`)."""
         await self.call(lambda engine: engine.loras.add(lora_request))
 
-    async def unload_lora(self, name: str) -> None:
+    async def unload_lora_adapter(self, name: str) -> None:
         """Unload adapter `name`; ValueError if it is not loaded or a live request runs it."""
         await self.call(lambda engine: engine.loras.unload(name))
 
@@ -220,6 +224,7 @@ class AsyncEngine:
                                    prompts_per_request_limit=engine.config.scheduler.prompts_per_request_limit,
                                    structured=engine.structured, hidden_size=engine.worker_info.hidden_size)
             self.lora_requests = dict(engine.loras.by_name)
+            self.metrics.observe_loras(None, 0, self.lora_requests)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             self.metrics.watch_grammar_cache(engine.structured.cache_stats)
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
@@ -277,6 +282,7 @@ class AsyncEngine:
         except Exception as exc:  # it belongs to the caller, never kills the engine
             error = exc
         self.lora_requests = dict(engine.loras.by_name)
+        self.metrics.observe_loras(None, 0, self.lora_requests)
         self._loop.call_soon_threadsafe(_resolve, call.done, error, result)  # type: ignore[union-attr]
 
     def _admit(self, engine: LLMEngine, admission: _AdmitCommand) -> None:
@@ -292,6 +298,8 @@ class AsyncEngine:
                                  for request_id, prompt in zip(request_ids, admission.prompts, strict=True)],
                                 priority=admission.priority, arrival_time=admission.arrival_time,
                                 metadata=admission.metadata, lora_request=lora_request)
+            if lora_request is not None:
+                self.metrics.observe_loras(lora_request.lora_name, len(request_ids), self.lora_requests)
             self._streams.update(dict.fromkeys(request_ids, admission.stream))
         except Exception as exc:  # every admission error goes back to its caller, never kills the engine
             error = exc

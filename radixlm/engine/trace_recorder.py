@@ -31,7 +31,8 @@ from radixlm.outputs import RequestOutput
 from radixlm.request import Request
 
 if TYPE_CHECKING:  # the trace tools import TRACE_VERSION from here and load no tokenizer library
-    from radixlm.engine.parent_request import ParentRequest
+    from radixlm.lora_request import LoRARequest
+from radixlm.engine.parent_request import ParentRequest
 
 TRACE_VERSION = 1  # the format this recorder writes and `radixlm/trace/` reads
 
@@ -66,7 +67,7 @@ class TraceRecorder:
                      "request_id": parent.request_id, "prompt_len": len(parent.prompt_token_ids),
                      "prompt_hash": prompt_hash(parent.prompt_token_ids), "prompt_token_ids": parent.prompt_token_ids,
                      "params": parent.params.to_dict(), "priority": first.priority, "queued": queued,
-                     "metadata": parent.metadata})
+                     "metadata": parent.metadata, **_lora_fields(first.lora_request)})
 
     def queued(self, request_id: str, step: int) -> None:
         self._write({"event": "queued", "time": self.time(), "step": step, "request_id": request_id})
@@ -115,3 +116,8 @@ class TraceRecorder:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _lora_fields(lora_request: LoRARequest | None) -> dict[str, object]:
+    """The adapter of a request's arrival (none for the base model): its name and id, which key its prefixes."""
+    return {} if lora_request is None else {"lora_name": lora_request.lora_name, "lora_id": lora_request.lora_int_id}

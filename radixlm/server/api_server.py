@@ -42,6 +42,7 @@ from radixlm.server.dashboard import dashboard_router
 from radixlm.server.embeddings import Embeddings
 from radixlm.server.errors import APIError, BodySizeLimit, install_error_handlers
 from radixlm.server.http_protocol import DEFAULT_HEADER_TIMEOUT, HeaderTimeoutH11Protocol
+from radixlm.server.lora_routes import adapter_cards, lora_router
 from radixlm.server.middleware import APIKeyCheck, BodyReadTimeout, ErrorBoundary, ReleaseMemoryAfterBigBodies
 from radixlm.server.openai_responses import OpenAIResponses
 from radixlm.server.openai_responses.store import DEFAULT_MAX_BYTES as DEFAULT_STORE_BYTES
@@ -175,6 +176,7 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
     messages = AnthropicMessages(ChatCompletions(async_engine, model_name, tokenization, chat_options))
     router.add_api_route("/v1/messages", messages.create, methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
+    router.include_router(lora_router(async_engine, model_name))
     created = int(time.time())
 
     def card() -> ModelCard:
@@ -184,11 +186,12 @@ def _api_router(async_engine: AsyncEngine | DataParallelEngine, tokenization: To
 
     @router.get("/v1/models")
     async def models() -> ModelList:
-        return ModelList(data=[card()])
+        return ModelList(data=[card(), *adapter_cards(async_engine, model_name, created)])
 
     @router.get("/v1/models/{model_id:path}")  # a served name may hold "/" (a directory's path)
     async def model(model_id: str) -> ModelCard:
-        serving.check_model(model_id)
+        if serving.check_model(model_id) is not None:
+            return next(c for c in adapter_cards(async_engine, model_name, created) if c.id == model_id)
         return card()
 
     @router.post("/tokenize")

@@ -77,7 +77,8 @@ class ChatCompletions(OpenAIServing):
                                             plan.template_kwargs)
         self.check_length(prompt_ids, body.requested_max_tokens(), info, param="messages")
         request_id = new_request_id(id_prefix)
-        stream = await self.admit(request_id, [prompt_ids], params, body.engine_priority(), body.metadata)
+        stream = await self.admit(request_id, [prompt_ids], params, body.engine_priority(), body.metadata,
+                                  body.model)
         return ChatRun(request_id, stream, plan.parsing, info, prompt_ids)
 
     def _plan(self, body: ChatCompletionRequest) -> _Plan:

@@ -57,7 +57,8 @@ class Completions(OpenAIServing):
         for prompt in prompts:
             self.check_length(prompt.token_ids, body.max_tokens, info, param="prompt")
         request_id = new_request_id("cmpl")
-        stream = await self.admit(request_id, [p.token_ids for p in prompts], params, body.priority, body.metadata)
+        stream = await self.admit(request_id, [p.token_ids for p in prompts], params, body.priority, body.metadata,
+                                  body.model)
         formatter = OpenAILogprobs(info.tokenizer)
         if body.stream:
             return self.sse(self._chunks(request_id, body, prompts, stream, formatter), stream)

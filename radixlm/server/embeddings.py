@@ -86,7 +86,7 @@ class Embeddings(OpenAIServing):
         inputs = self._inputs(body, info)  # counted before any is tokenized
         where = [f"input {i}" if len(inputs) > 1 else "input" for i in range(len(inputs))]
         prompts = [await self._token_ids(item, info, name) for item, name in zip(inputs, where, strict=True)]
-        stream = await self.admit(new_request_id("embd"), prompts, PoolingParams(), body.priority)
+        stream = await self.admit(new_request_id("embd"), prompts, PoolingParams(), body.priority, model=body.model)
         results = await self.collect(raw_request, stream, num_prompts=len(prompts))
         data = [EmbeddingData(index=i, embedding=encode_vector(_vector(result), body.encoding_format))
                 for i, result in enumerate(results)]

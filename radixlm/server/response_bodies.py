@@ -185,6 +185,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "radixlm"
     root: str
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 

@@ -130,10 +130,16 @@ class OpenAIServing:
             raise APIError(503, f"{reason or 'the model is loading'}; retry later", code="engine_unavailable")
         return self.async_engine.info
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter `model` names (None: the base model); 404 for a name this server does not serve."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.async_engine.lora_requests:
+            return model
+        adapters = f" or a loaded LoRA adapter ({', '.join(sorted(self.async_engine.lora_requests))})" \
+            if self.async_engine.lora_requests else ""
+        raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}{adapters}",
+                       param="model", code="model_not_found")
 
     def check_request(self, body: SamplingRequest, info: EngineInfo) -> None:
         """Checks that need more than one field or the engine's configuration."""
@@ -205,10 +211,13 @@ class OpenAIServing:
 
     # -- running -----------------------------------------------------------------------------------------------
     async def admit(self, request_id: str, prompts: list[list[int]], params: SamplingParams | PoolingParams,
-                    priority: int, metadata: dict[str, str] | None = None) -> OutputStream:
+                    priority: int, metadata: dict[str, str] | None = None, model: str | None = None) -> OutputStream:
+        """Admit the requests, running the LoRA adapter `model` names (the base model for its own name or None)."""
+        lora_name = self.check_model(model)
         try:
             return await self.async_engine.generate(request_id, prompts, params, priority=priority,
-                                                    arrival_time=time.monotonic(), metadata=metadata)
+                                                    arrival_time=time.monotonic(), metadata=metadata,
+                                                    lora_name=lora_name)
         except QueueFullError as error:
             raise APIError(429, f"the server is busy: {error}; retry later", code="queue_full") from None
         except EngineUnavailableError as error:

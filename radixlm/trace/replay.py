@@ -19,6 +19,7 @@ from radixlm.config import SchedulerConfig
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput
+from radixlm.lora_request import LoRARequest
 from radixlm.request import Request, RequestStatus, child_request_id
 from radixlm.sampling_params import SamplingParams
 from radixlm.trace.trace_fields import TraceError
@@ -82,7 +83,7 @@ class ReplayState:
         for seq_id in ids:
             self.requests[seq_id] = Request(seq_id, event["prompt_token_ids"], params, self.eos_token_ids,
                                             arrival_order=len(self.parents), priority=event["priority"],
-                                            arrival_time=arrival_time)
+                                            arrival_time=arrival_time, lora_request=_lora_of(event))
         self.parents[event["request_id"]] = ids
         self.group_of.update(dict.fromkeys(ids, event["request_id"]))
         first = self.requests[ids[0]]
@@ -163,3 +164,11 @@ def apply_recorded_tokens(state: ReplayState, output: SchedulerOutput, event: di
                                                                  [None] * len(tokens), errors=errors))
     for seq_id, status in ended.items():
         state.end(seq_id, status)
+
+
+def _lora_of(event: dict[str, Any]) -> LoRARequest | None:
+    """The recorded adapter of an arrival (its prefixes are kept apart in the replayed radix tree); no path: a
+    replay runs no model."""
+    if "lora_id" not in event:
+        return None
+    return LoRARequest(event["lora_name"], event["lora_id"], "(recorded)")

@@ -14,6 +14,7 @@ from typing import Any
 from radixlm.config import MAX_SPECULATIVE_TOKENS, SchedulerConfig
 from radixlm.engine.trace_recorder import TRACE_VERSION
 from radixlm.errors import ParamError
+from radixlm.lora_request import MAX_LORA_NAME_CHARS
 from radixlm.request import RequestStatus
 from radixlm.sampling_params import SamplingParams
 from radixlm.trace.trace_fields import (
@@ -121,6 +122,9 @@ def check_arrival(event: dict[str, Any], limits: TraceLimits) -> SamplingParams:
     flag(required(event, "queued"), "queued")
     if "prompt_hash" in event:
         text(event["prompt_hash"], "prompt_hash", 64)
+    if "lora_id" in event or "lora_name" in event:  # a LoRA adapter's request
+        integer(required(event, "lora_id"), "lora_id", 1, MAX_COUNT)
+        text(required(event, "lora_name"), "lora_name", MAX_LORA_NAME_CHARS)
     _check_metadata(event)
     return params
 

@@ -5,6 +5,7 @@ three architectures (fused q/k/v and gate/up projections, biased q/k/v, unfused 
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from e2e.engine_runs import assert_all_blocks_released
 from radixlm.engine.llm_engine import build_engine
 from radixlm.lora_request import LoRARequest
 from radixlm.sampling_params import SamplingParams
+from radixlm.trace.replay import Trace, replay
 
 ARCHS = ["llama", "qwen2", "gemma2"]
 PROMPT_LENS = [5, 17, 40, 3, 23, 31]
@@ -107,3 +109,21 @@ def test_unloading_drops_the_adapters_prefixes(tiny_model_dir, adapters):
     with pytest.raises(ValueError, match="no adapter"):
         engine.loras.unload("a1")
     assert_all_blocks_released(engine)
+
+
+def test_the_trace_records_each_requests_adapter_and_replays(tiny_model_dir, adapters, tmp_path):
+    """Replay rebuilds the adapters' namespaces, so its prefix hits and schedule match the recorded ones."""
+    a1, a2 = adapters("llama")
+    trace_path = tmp_path / "lora.jsonl"
+    engine = build_engine(model=str(tiny_model_dir("llama")), enable_lora=True, num_kv_blocks=256, block_size=4,
+                          trace=str(trace_path))
+    prompt = random_prompts()[2]
+    generate(engine, [prompt, prompt], [a1, a2], prefix="one-")
+    generate(engine, [prompt, prompt, prompt], [a1, a2, None], prefix="two-")
+    engine.tracer.close()
+    arrivals = [json.loads(line) for line in trace_path.read_text().splitlines() if '"arrival"' in line]
+    assert [(a.get("lora_name"), a.get("lora_id")) for a in arrivals] == \
+        [("a1", 1), ("a2", 2), ("a1", 1), ("a2", 2), (None, None)]
+    num_matched, divergence = replay(Trace.load(trace_path))
+    assert divergence is None, str(divergence)
+    assert num_matched == len(Trace.load(trace_path).of("step"))
