@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from lora_adapters import build_adapter, peft_greedy
 from transformers import AutoTokenizer
 
-from lora_adapters import build_adapter, peft_greedy
 from server.inprocess import InProcessServer
 
 PROMPT = [5, 17, 40, 3, 23, 31, 7, 9]
