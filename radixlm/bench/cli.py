@@ -32,8 +32,11 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         raise ValueError(f"unknown workload {unknown[0]!r}; choose from {', '.join(WORKLOADS)}")
     spec = WorkloadSpec(args.num_prompts, parse_range(args.input_len), parse_range(args.output_len), args.prefix_len,
                         args.workload_seed, args.num_users, args.num_rounds)
+    if not 0 <= args.lora <= 64 or not 1 <= args.lora_rank <= 1024:
+        raise ValueError("--lora must be 0 to 64 and --lora-rank 1 to 1024")
     options = BenchOptions(workloads, spec, args.request_rate, args.max_concurrency, args.output_json,
-                           args.output_png, extra={"api_key": args.api_key})
+                           args.output_png, extra={"api_key": args.api_key}, num_loras=args.lora,
+                           lora_rank=args.lora_rank)
     bench_serve(args.base_url, engine_kwargs(args), options)
 
 
@@ -181,6 +184,10 @@ def add_bench_commands(commands: Any) -> None:
     serve.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--workloads", default="random,shared-prefix,multi-turn", help="comma-separated")
+    serve.add_argument("--lora", type=int, default=0, help="N > 0: run each workload on the base model, then with its "
+                       "sessions spread over N random-weight LoRA adapters (lora0..; made and loaded when the bench "
+                       "starts the server), and print the ratio of output tok/s")
+    serve.add_argument("--lora-rank", type=int, default=16, help="rank of the --lora adapters")
     serve.add_argument("--num-prompts", type=int, default=32, help="requests per workload")
     serve.add_argument("--input-len", default="64-256", help="random prompts and first chat turns: LOW-HIGH tokens")
     serve.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")

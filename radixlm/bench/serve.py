@@ -15,13 +15,16 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from radixlm.bench.random_adapters import write_random_adapters
 from radixlm.bench.serve_report import RequestRecord, WorkloadResult, print_table, save_json, save_plot
 from radixlm.bench.serve_workloads import Session, WorkloadSpec, build_sessions
 from radixlm.model.loader import load_tokenizer, resolve_model_dir
@@ -36,6 +39,8 @@ class BenchOptions:
     output_json: str | None = None
     output_png: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    num_loras: int = 0  # > 0: each workload runs on the base model, then with requests spread over this many adapters
+    lora_rank: int = 16
 
 
 async def _one_request(client: Any, model: str, session: Session, messages: list[dict[str, str]],
@@ -68,9 +73,10 @@ async def _one_request(client: Any, model: str, session: Session, messages: list
     return "".join(pieces)
 
 
-async def run_workload(client: Any, model: str, sessions: list[Session], request_rate: float,
+async def run_workload(client: Any, models: list[str], sessions: list[Session], request_rate: float,
                        max_concurrency: int | None, seed: int) -> tuple[list[RequestRecord], float]:
-    """Run every session; returns the per-request records and the wall time."""
+    """Run every session (session i asks for `models[i % len(models)]`); returns the per-request records and the
+    wall time."""
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     rng = random.Random(seed)
     records: list[RequestRecord] = []
@@ -84,7 +90,8 @@ async def run_workload(client: Any, model: str, sessions: list[Session], request
             records.append(record)
             try:
                 async with limit or contextlib.nullcontext():
-                    answer = await _one_request(client, model, session, messages, turn, output_len, record)
+                    answer = await _one_request(client, models[index % len(models)], session, messages, turn,
+                                                output_len, record)
             except Exception as error:  # a failed request is reported, and ends its session
                 record.error = f"{type(error).__name__}: {error}"
                 return
@@ -110,10 +117,15 @@ async def run_all(base_url: str, options: BenchOptions, tokenizer: Any) -> list[
                                 max_retries=0, timeout=3600, http_client=http_client)
     model = (await client.models.list()).data[0].id
     await client.completions.create(model=model, prompt="warm up", max_tokens=4)
+    runs = [(name, [model]) for name in options.workloads]
+    if options.num_loras:  # the same sessions again, spread over the adapters, right after the base model's run
+        adapters = [f"lora{i}" for i in range(options.num_loras)]
+        runs = [run for name in options.workloads for run in ((name, [model]), (f"{name}+lora{len(adapters)}",
+                                                                                 adapters))]
     results = []
-    for name in options.workloads:
-        sessions = build_sessions(name, tokenizer, options.spec)
-        records, seconds = await run_workload(client, model, sessions, options.request_rate,
+    for name, models in runs:
+        sessions = build_sessions(name.partition("+")[0], tokenizer, options.spec)
+        records, seconds = await run_workload(client, models, sessions, options.request_rate,
                                               options.max_concurrency, options.spec.seed)
         results.append(WorkloadResult(name, records, seconds))
     await client.close()
@@ -170,13 +182,35 @@ def bench_serve(base_url: str | None, engine_options: dict[str, Any], options: B
     """Run the workloads against `base_url`, or against a server started with `engine_options`."""
     from radixlm.config import DEFAULT_MODEL
 
-    tokenizer = load_tokenizer(resolve_model_dir(str(engine_options.get("model", DEFAULT_MODEL))))
+    model_dir = resolve_model_dir(str(engine_options.get("model", DEFAULT_MODEL)))
+    tokenizer = load_tokenizer(model_dir)
     with contextlib.ExitStack() as stack:
-        url = base_url or stack.enter_context(own_server(engine_flags(engine_options)))[0]
+        flags = engine_flags(engine_options)
+        if options.num_loras and base_url is None:  # a running server must have lora0.. loaded already
+            adapters = write_random_adapters(model_dir, Path(stack.enter_context(tempfile.TemporaryDirectory())),
+                                             options.num_loras, options.lora_rank)
+            flags += ["--lora-modules", *[f"{name}={path}" for name, path in adapters],
+                      "--max-loras", str(max(options.num_loras, int(engine_options.get("max_loras", 0))))]
+        url = base_url or stack.enter_context(own_server(flags))[0]
         results = asyncio.run(run_all(url, options, tokenizer))
     print_table(results, options)
+    if options.num_loras:
+        print_lora_ratios(results)
     if options.output_json:
         save_json(results, options, options.output_json)
     if options.output_png:
         save_plot(results, options.output_png)
     return results
+
+
+def print_lora_ratios(results: list[WorkloadResult]) -> None:
+    """Each workload's output tok/s with adapters over the base model's (one server, one sitting)."""
+    by_name = {result.name: result for result in results}
+    for result in results:
+        base_name, _, adapters = result.name.partition("+")
+        base = by_name.get(base_name)
+        if not adapters or base is None:
+            continue
+        ours, theirs = result.summary()["output_tok_per_s"], base.summary()["output_tok_per_s"]
+        if theirs > 0:
+            print(f"{result.name}: output tok/s {ours:.1f} vs the base model's {theirs:.1f}: {ours / theirs:.2f}x")

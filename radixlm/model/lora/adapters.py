@@ -71,16 +71,7 @@ class LoRAAdapters:
             lora_a = tensors[module.a_key].to(self.device, self.dtype)
             lora_b = tensors[module.b_key].to(self.device, self.dtype)
             by_linear.setdefault(target.linear, []).append((target, lora_a, lora_b, module.scaling))
-        deltas = {}
-        for path, parts in by_linear.items():
-            parts.sort(key=lambda part: part[0].first_column)
-            ranks = [0]
-            for _, lora_a, _, _ in parts:
-                ranks.append(ranks[-1] + lora_a.shape[0])
-            stacked = torch.cat([lora_a for _, lora_a, _, _ in parts]).contiguous()
-            deltas[path] = ProjectionDelta(stacked, tuple(
-                DeltaPart(target.first_column, target.end_column, ranks[i], ranks[i + 1], lora_b.contiguous(), scaling)
-                for i, (target, _, lora_b, scaling) in enumerate(parts)))
+        deltas = {path: _projection_delta(parts) for path, parts in by_linear.items()}
         self.remove(lora_id)
         for path, delta in deltas.items():
             self.linears[path].deltas[lora_id] = delta
@@ -138,3 +129,24 @@ def _find_targets(model: nn.Module) -> dict[str, Target]:
         if _is_linear(module) and DECODER_LAYER.search(path) and path not in fused and not inside_fused:
             targets.setdefault(path, Target(path, 0, module.out_features, module.in_features))
     return targets
+
+
+def _projection_delta(parts: list[tuple[Target, torch.Tensor, torch.Tensor, float]]) -> ProjectionDelta:
+    """One adapter's weights on one LoRALinear, from (target, A, B, scaling) of each projection it adapts there:
+    A stacked, and per distinct scaling the Bs laid along those ranks over the columns they span."""
+    parts = sorted(parts, key=lambda part: part[0].first_column)
+    ranks = [0]
+    for _, lora_a, _, _ in parts:
+        ranks.append(ranks[-1] + lora_a.shape[0])
+    stacked_a_t = torch.cat([lora_a for _, lora_a, _, _ in parts]).T.contiguous()
+    delta_parts = []
+    for scaling in dict.fromkeys(part[3] for part in parts):
+        members = [i for i, part in enumerate(parts) if part[3] == scaling]
+        first = min(parts[i][0].first_column for i in members)
+        end = max(parts[i][0].end_column for i in members)
+        lora_b_t = stacked_a_t.new_zeros(ranks[-1], end - first)
+        for i in members:
+            target, _, lora_b, _ = parts[i]
+            lora_b_t[ranks[i]:ranks[i + 1], target.first_column - first:target.end_column - first] = lora_b.T
+        delta_parts.append(DeltaPart(first, end, lora_b_t, scaling))
+    return ProjectionDelta(stacked_a_t, tuple(delta_parts))

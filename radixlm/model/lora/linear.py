@@ -3,9 +3,10 @@
 One forward packs the rows of every request, base-model and adapted alike, into one batch (see
 `radixlm.model.input_batch`: rows are grouped by adapter). The base projection runs once over all rows; then for
 each group of rows that runs an adapter touching this projection, the adapter's delta is added to those rows:
-`shrink = x_rows @ A^T` (A of every part of the projection stacked, one matmul), then per part
-`y_rows[:, part columns] += (shrink[:, part ranks] @ B^T) * scaling` (Punica's shrink and expand, grouped by
-adapter). A fused projection (q/k/v, gate/up) has one part per original projection the adapter targets.
+`shrink = x_rows @ A^T` (one matmul), then `y_rows += scaling * (shrink @ B^T)` (one more, in place: Punica's
+shrink and expand, grouped by
+adapter). A fused projection (q/k/v, gate/up) stacks the A of every original projection the adapter targets, and
+lays their Bs side by side (zero elsewhere), so one adapter costs two matmuls per projection whatever it adapts.
 
 Which rows run which adapter is the forward's metadata: `ActiveRows`, one object per model that every LoRALinear
 reads, set around each forward by `radixlm.model.lora.adapters.LoRAAdapters.rows`.
@@ -37,22 +38,23 @@ class ActiveRows:
 
 @dataclass(frozen=True)
 class DeltaPart:
-    """One original projection inside a (possibly fused) LoRALinear: its output columns, its slice of the stacked
-    ranks, its B ([columns, rank]) and its scaling."""
+    """Adapter weights over output columns `first_column .. end_column - 1` of a (possibly fused) LoRALinear: the
+    transposed B of every original projection there, side by side along the ranks of the stacked A and zero where a
+    projection does not reach (`[sum of ranks, columns]`), and the scaling they share."""
 
     first_column: int
     end_column: int
-    first_rank: int
-    end_rank: int
-    lora_b: torch.Tensor
+    lora_b_t: torch.Tensor
     scaling: float
 
 
 @dataclass(frozen=True)
 class ProjectionDelta:
-    """One adapter on one LoRALinear: A of its parts stacked ([sum of ranks, in_features]) and the parts."""
+    """One adapter on one LoRALinear: A of its projections stacked and transposed (`[in_features, sum of ranks]`),
+    and one part per scaling (one part, unless the adapter's rank or alpha patterns differ between the projections
+    a fused linear holds)."""
 
-    lora_a: torch.Tensor
+    lora_a_t: torch.Tensor
     parts: tuple[DeltaPart, ...] = field(default_factory=tuple)
 
 
@@ -78,10 +80,10 @@ class LoRALinear(nn.Module):
             delta = self.deltas.get(group.lora_id)
             if delta is None:
                 continue
-            shrunk = rows[group.start:group.end] @ delta.lora_a.T
-            for part in delta.parts:
-                expanded = shrunk[:, part.first_rank:part.end_rank] @ part.lora_b.T
-                out[group.start:group.end, part.first_column:part.end_column].add_(expanded * part.scaling)
+            shrunk = torch.mm(rows[group.start:group.end], delta.lora_a_t)
+            for part in delta.parts:  # out += scaling * (shrunk @ B^T), as PEFT adds `lora_B(lora_A(x)) * scaling`
+                out[group.start:group.end, part.first_column:part.end_column].addmm_(shrunk, part.lora_b_t,
+                                                                                     alpha=part.scaling)
         return y
 
     def extra_repr(self) -> str:
