@@ -53,7 +53,7 @@ def _cmd_soak(args: argparse.Namespace) -> None:
     hostile = (HostileOptions(args.hostile_requests, args.hostile_concurrency, args.tiny_interval)
                if args.hostile else None)
     if not bench_soak(args.base_url, engine_kwargs(args), args.num_requests, args.concurrency, args.workload_seed,
-                      hostile):
+                      hostile, lora=args.lora_churn):
         raise SystemExit(1)
 
 
@@ -173,6 +173,9 @@ def add_bench_commands(commands: Any) -> None:
     soak.add_argument("--hostile", action="store_true",
                       help="after the mix, an attack phase (huge distinct grammars, request smuggling, huge tool "
                            "texts) timed by a trickle of tiny requests; PASS also needs their p99 < 1 s")
+    soak.add_argument("--lora", dest="lora_churn", action="store_true",
+                      help="two random adapters loaded at start, a fifth of the requests on them, a third adapter "
+                           "loaded, used and unloaded over and over meanwhile; PASS also needs their answers unchanged")
     soak.add_argument("--hostile-requests", type=int, default=4, help="--hostile: attacks of each of the 5 kinds")
     soak.add_argument("--hostile-concurrency", type=int, default=4, help="--hostile: attacks in flight at once")
     soak.add_argument("--tiny-interval", type=float, default=0.075,

@@ -16,18 +16,23 @@ the grammar cache budget that /metrics reports). Under data parallelism every ga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from radixlm.bench.random_adapters import write_random_adapters
 from radixlm.bench.serve import engine_flags, own_server
 from radixlm.bench.serve_report import percentile
 from radixlm.bench.soak_attack import HostileOptions, HostileTally, run_attacks, warm_up_attacks
 from radixlm.bench.soak_hostile import build_attacks
+from radixlm.bench.soak_lora import CHURN, RESIDENT, LoRASoak, adapter_probes, churn, lora_passed, with_adapters
 from radixlm.bench.soak_requests import SoakRequest, build_requests, greedy_probes
 from radixlm.bench.soak_verdict import GRAMMAR_BUDGET, GRAMMAR_BYTES, hostile_passed, print_hostile, rss_limit
 
@@ -128,18 +133,26 @@ async def settle(http: httpx.AsyncClient, timeout: float = 120.0) -> dict[str, f
 
 
 async def soak(base_url: str, num_requests: int, concurrency: int, seed: int,
-               hostile: HostileOptions | None = None) -> bool:
+               hostile: HostileOptions | None = None, lora: LoRASoak | None = None) -> bool:
     async with httpx.AsyncClient(base_url=base_url, timeout=600,
                                  limits=httpx.Limits(max_connections=concurrency + 8)) as http:
         tally = SoakTally()
-        probes = greedy_probes()
+        probes = greedy_probes() + (adapter_probes() if lora is not None else [])
         before = [await send(http, probe, tally) for probe in probes]
         await run_mix(http, build_requests(max(20, num_requests // 10), seed + 1), concurrency, SoakTally())
         if hostile is not None:
             await run_attacks(base_url, warm_up_attacks(seed + 1), hostile, HostileTally())
         warm = await settle(http)
         started = time.perf_counter()
-        await run_mix(http, build_requests(num_requests, seed), concurrency, tally)
+        mix = build_requests(num_requests, seed)
+        if lora is None:
+            await run_mix(http, mix, concurrency, tally)
+        else:
+            mix_done = asyncio.Event()
+            churning = asyncio.create_task(churn(http, lora, mix_done))
+            await run_mix(http, with_adapters(mix, seed), concurrency, tally)
+            mix_done.set()
+            await churning
         seconds = time.perf_counter() - started
         hostile_tally, hostile_seconds = HostileTally(), 0.0
         mixed: dict[str, float] = {}
@@ -150,7 +163,11 @@ async def soak(base_url: str, num_requests: int, concurrency: int, seed: int,
         final = await settle(http)
         after = [await send(http, probe, tally) for probe in probes]
         healthy = (await http.get("/health")).status_code == 200
-    passed = report(tally, seconds, warm, final, before, after, healthy, hostile is not None)
+    passed = report(tally, seconds, warm, final, before, after, healthy, hostile is not None,
+                    print_verdict=hostile is None and lora is None)
+    if lora is not None:
+        passed = lora_passed(lora, before, after) and passed
+        print(f"{'PASS' if passed else 'FAIL'} (with --lora)")
     if hostile is None:
         return passed
     print_hostile(hostile_tally, hostile_seconds, mixed, final)
@@ -160,9 +177,11 @@ async def soak(base_url: str, num_requests: int, concurrency: int, seed: int,
 
 
 def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict[str, float],
-           before: list[str | None], after: list[str | None], healthy: bool, hostile: bool = False) -> bool:
+           before: list[str | None], after: list[str | None], healthy: bool, hostile: bool = False,
+           print_verdict: bool = True) -> bool:
     """Print the mix's lines and the end state; True if they pass. `hostile`: the RSS limit allows for the grammar
-    cache budget (`rss_limit`), and the PASS/FAIL line is left to the caller, who adds the attack phase's verdict."""
+    cache budget (`rss_limit`). `print_verdict` False: the PASS/FAIL line is left to the caller, who adds the
+    verdict of its other phases (attacks, adapters)."""
     rss_warm = warm.get("process_resident_memory_bytes", 0.0)
     rss_final = final.get("process_resident_memory_bytes", 0.0)
     limit, rule = rss_limit(warm, final, hostile)
@@ -185,20 +204,40 @@ def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict
         print(f"  problem: {problem}")
     passed = (crashes == 0 and tally.num_5xx == 0 and tally.num_dropped == 0 and tally.num_wrong == 0
               and leaked == 0 and running == 0 and waiting == 0 and same_greedy and rss_final <= limit)
-    if not hostile:
+    if print_verdict:
         print("PASS" if passed else "FAIL")
     return passed
 
 
 def bench_soak(base_url: str | None, engine_options: dict[str, Any], num_requests: int, concurrency: int,
-               seed: int, hostile: HostileOptions | None = None) -> bool:
+               seed: int, hostile: HostileOptions | None = None, lora: bool = False) -> bool:
     """Run the soak against `base_url`, or against a server started with `engine_options`; True if it passed.
-    `hostile` adds the attack phase (`--hostile`)."""
+    `hostile` adds the attack phase (`--hostile`); `lora` the adapters' churn (`--lora`: the bench starts the
+    server with its adapters, so not with `base_url`)."""
     if base_url is not None:
+        if lora:
+            raise ValueError("--lora starts its own server with its adapters: drop --base-url")
         return asyncio.run(soak(base_url, num_requests, concurrency, seed, hostile))
-    with own_server(engine_flags(engine_options)) as (url, process):
-        passed = asyncio.run(soak(url, num_requests, concurrency, seed, hostile))
+    with contextlib.ExitStack() as stack:
+        flags, state = engine_flags(engine_options), None
+        if lora:
+            state = LoRASoak({})
+            flags += _lora_flags(engine_options, Path(stack.enter_context(tempfile.TemporaryDirectory())), state)
+        url, process = stack.enter_context(own_server(flags))
+        passed = asyncio.run(soak(url, num_requests, concurrency, seed, hostile, state))
         if process.poll() is not None:
             print(f"FAIL: the server exited with {process.returncode}")
             return False
     return passed
+
+
+def _lora_flags(engine_options: dict[str, Any], scratch: Path, state: LoRASoak) -> list[str]:
+    """Write the soak's adapters (two resident, one churned) for the served model; the flags that load them."""
+    from radixlm.config import DEFAULT_MODEL
+    from radixlm.model.loader import resolve_model_dir
+
+    model_dir = resolve_model_dir(str(engine_options.get("model", DEFAULT_MODEL)))
+    written = write_random_adapters(model_dir, scratch, len(RESIDENT) + 1, rank=8)
+    names = [*RESIDENT, CHURN]
+    state.paths.update({name: path for name, (_, path) in zip(names, written, strict=True)})
+    return ["--lora-modules", *[f"{name}={state.paths[name]}" for name in RESIDENT], "--max-loras", "3"]

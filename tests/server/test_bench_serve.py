@@ -73,3 +73,15 @@ def test_grounded_passages_start_at_paragraphs_and_end_at_sentences():
         end = start + len(passage)
         assert end == len(text.rstrip()) or (text[end].isspace() and passage[-1] in ".?!:;,")  # ends at a boundary
         assert 50 < len(tokenizer.encode(passage, add_special_tokens=False)) <= PASSAGE_TOKENS + 1
+
+
+def test_bench_serve_with_lora_adapters_reports_their_ratio(tiny_model_dir, capsys):
+    """`--lora 2`: the bench writes two adapters, starts the server with them, and runs each workload on the base
+    model and then spread over the adapters."""
+    spec = WorkloadSpec(num_prompts=4, input_len=(16, 32), output_len=(4, 8), prefix_len=64, seed=0)
+    options = BenchOptions(["random"], spec, max_concurrency=4, num_loras=2, lora_rank=4)
+    engine = {"model": str(tiny_model_dir("llama")), "num_kv_blocks": 256, "block_size": 4, "num_threads": 1}
+    results = bench_serve(None, engine, options)
+    assert [r.name for r in results] == ["random", "random+lora2"]
+    assert all(r.summary()["failed"] == 0 and r.summary()["output_tokens"] > 0 for r in results)
+    assert "random+lora2: output tok/s" in capsys.readouterr().out

@@ -20,3 +20,12 @@ def test_a_short_soak_passes(tiny_model_dir, capsys):
     out = capsys.readouterr().out
     assert passed, out
     assert "crashes: 0; leaked blocks: 0; running/waiting at the end: 0/0" in out
+
+
+def test_a_short_soak_with_adapters_churning_passes(tiny_model_dir, capsys):
+    """`--lora`: a fifth of the requests on two adapters while a third is loaded, used and unloaded."""
+    options = {"model": str(tiny_model_dir("llama")), "num_kv_blocks": 256, "block_size": 4, "num_threads": 1}
+    passed = bench_soak(None, options, num_requests=150, concurrency=16, seed=0, lora=True)
+    out = capsys.readouterr().out
+    assert passed, out
+    assert "unloads refused while in use" in out and "PASS (with --lora)" in out
