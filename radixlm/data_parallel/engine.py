@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from radixlm.data_parallel.router import CacheAwareRouter, RouterConfig
-from radixlm.engine.async_engine import AsyncEngine, EngineInfo, group_request_ids
+from radixlm.engine.async_engine import AsyncEngine, group_request_ids
+from radixlm.engine.engine_info import EngineInfo
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.output_stream import OutputStream
 from radixlm.errors import ParamError

@@ -25,92 +25,23 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from transformers import PreTrainedTokenizerBase
-
+from radixlm.engine.engine_commands import AbortCommand, AdmitCommand, EngineCall, resolve
+from radixlm.engine.engine_info import EngineInfo, scheduler_stats
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.output_stream import OutputStream
 from radixlm.errors import ParamError
 from radixlm.lora_request import LoRARequest
-from radixlm.metrics import EngineMetrics, SchedulerStats
+from radixlm.metrics import EngineMetrics
 from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
-from radixlm.structured.manager import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 
 
 class EngineUnavailableError(RuntimeError):
     """The engine cannot take or finish requests: it is loading, shutting down or has failed."""
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the server needs from a loaded engine; the tokenizer is the event loop's own copy."""
-
-    tokenizer: PreTrainedTokenizerBase
-    max_model_len: int
-    vocab_size: int
-    schedule_policy: str
-    prompts_per_request_limit: tuple[int, str]  # (most prompts in one request, the flag that sets it)
-    structured: StructuredOutputs  # thread-safe: the server compiles grammars through it before admission
-    hidden_size: int = 0  # the length of an embedding
-
-
-def scheduler_stats(engine: LLMEngine) -> SchedulerStats:
-    """Read by the engine thread between steps. KV usage counts the blocks live requests hold; blocks that only
-    the radix tree holds are evictable, so they count as cached rather than used (as vLLM and SGLang report).
-    When no request is live, `num_used_blocks` counts the blocks neither free nor the tree's: leaked ones."""
-    scheduler = engine.scheduler
-    manager = scheduler.kv_cache_manager
-    pool = manager.block_pool
-    held = len({block_id for request in scheduler.running for block_id in request.block_table})
-    num_used_blocks = held
-    tree, step = manager.radix_cache, engine.last_scheduler_output
-    spec = engine.drafter.stats if engine.drafter is not None else None
-    if not scheduler.requests:  # idle: every used block should be the tree's; any other one leaked
-        tree_blocks = tree.block_refs() if tree is not None else {}
-        num_used_blocks = pool.num_used_blocks - len(tree_blocks)
-    return SchedulerStats(num_running=scheduler.num_running, num_waiting=scheduler.num_waiting,
-                          kv_cache_usage=held / pool.num_blocks,
-                          prefix_cache_usage=(pool.num_used_blocks - held) / pool.num_blocks,
-                          num_preemptions=scheduler.num_preemptions, prefix_cache_hit_rate=manager.stats.hit_rate,
-                          num_evicted_blocks=manager.num_evicted_blocks, num_used_blocks=num_used_blocks,
-                          num_tree_nodes=tree.num_nodes if tree else 0, num_tree_tokens=tree.num_tokens if tree else 0,
-                          num_step_tokens=step.num_scheduled_tokens if step else 0,
-                          num_step_chunks=len(step.chunks) if step else 0, step_seconds=engine.last_step_seconds,
-                          num_steps=engine.num_steps, num_spec_drafts=spec.num_drafts if spec else 0,
-                          num_spec_draft_tokens=spec.num_draft_tokens if spec else 0,
-                          num_spec_accepted_tokens=spec.num_accepted_tokens if spec else 0,
-                          num_spec_accepted_tokens_per_pos=tuple(spec.num_accepted_tokens_per_pos) if spec else ())
-
-
-@dataclass
-class _AdmitCommand:
-    prompts: list[list[int]]
-    params: SamplingParams | PoolingParams
-    priority: int
-    arrival_time: float
-    stream: OutputStream
-    done: asyncio.Future[None] = field(repr=False)
-    metadata: dict[str, str] | None = None
-    lora_name: str | None = None
-
-
-@dataclass
-class _EngineCall:
-    """Run `function(engine)` on the engine thread between steps; its result or exception resolves `done`."""
-
-    function: Callable[[LLMEngine], object]
-    done: asyncio.Future[object] = field(repr=False)
-
-
-@dataclass
-class _Abort:
-    request_ids: list[str]
 
 
 _SHUTDOWN = object()
@@ -161,7 +92,7 @@ class AsyncEngine:
         assert self._loop is not None, "start() first"
         stream = OutputStream(self.abort, group_request_ids(request_id, len(prompts)))
         done: asyncio.Future[None] = self._loop.create_future()
-        admission = _AdmitCommand(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
+        admission = AdmitCommand(list(prompts), params, priority, arrival_time or time.monotonic(), stream, done,
                                   metadata, lora_name)
         with self._lock:
             reason = self.unavailable_reason
@@ -184,7 +115,7 @@ class AsyncEngine:
             reason = self.unavailable_reason
             if reason is not None:
                 raise EngineUnavailableError(reason)
-            self._commands.put(_EngineCall(function, done))
+            self._commands.put(EngineCall(function, done))
         return await done
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
@@ -201,7 +132,7 @@ class AsyncEngine:
 
     def abort(self, request_ids: list[str]) -> None:
         """Abort requests (thread-safe, idempotent); their final outputs still reach their stream."""
-        self._commands.put(_Abort(request_ids))
+        self._commands.put(AbortCommand(request_ids))
 
     def shutdown(self, reason: str = "the server is shutting down") -> None:
         """Fail every live request with EngineUnavailableError(reason) and stop the thread (thread-safe)."""
@@ -247,11 +178,11 @@ class AsyncEngine:
             if command is _SHUTDOWN:
                 self._stop(engine, self._unavailable_reason or "the server is shutting down")
                 return False
-            if isinstance(command, _AdmitCommand):
+            if isinstance(command, AdmitCommand):
                 self._admit(engine, command)
-            elif isinstance(command, _EngineCall):
+            elif isinstance(command, EngineCall):
                 self._run_call(engine, command)
-            elif isinstance(command, _Abort):
+            elif isinstance(command, AbortCommand):
                 outputs = [o for o in map(engine.abort_request, command.request_ids) if o is not None]
                 self._route(outputs, batch)
         if engine.has_unfinished_requests():
@@ -274,7 +205,7 @@ class AsyncEngine:
             except queue.Empty:
                 return commands
 
-    def _run_call(self, engine: LLMEngine, call: _EngineCall) -> None:
+    def _run_call(self, engine: LLMEngine, call: EngineCall) -> None:
         result: object = None
         error: BaseException | None = None
         try:
@@ -283,9 +214,9 @@ class AsyncEngine:
             error = exc
         self.lora_requests = dict(engine.loras.by_name)
         self.metrics.observe_loras(None, 0, self.lora_requests)
-        self._loop.call_soon_threadsafe(_resolve, call.done, error, result)  # type: ignore[union-attr]
+        self._loop.call_soon_threadsafe(resolve, call.done, error, result)  # type: ignore[union-attr]
 
-    def _admit(self, engine: LLMEngine, admission: _AdmitCommand) -> None:
+    def _admit(self, engine: LLMEngine, admission: AdmitCommand) -> None:
         request_ids = admission.stream.request_ids
         error: BaseException | None = None
         try:
@@ -303,7 +234,7 @@ class AsyncEngine:
             self._streams.update(dict.fromkeys(request_ids, admission.stream))
         except Exception as exc:  # every admission error goes back to its caller, never kills the engine
             error = exc
-        self._loop.call_soon_threadsafe(_resolve, admission.done, error)  # type: ignore[union-attr]
+        self._loop.call_soon_threadsafe(resolve, admission.done, error)  # type: ignore[union-attr]
 
     def _route(self, outputs: list[RequestOutput], batch: list[tuple[OutputStream, RequestOutput | BaseException]],
                ) -> None:
@@ -335,8 +266,8 @@ class AsyncEngine:
         self._ended.extend(self._streams)
         self._streams.clear()
         for command in self._take_commands(block=False):
-            if isinstance(command, (_AdmitCommand, _EngineCall)):
-                self._loop.call_soon_threadsafe(_resolve, command.done, error)  # type: ignore[union-attr]
+            if isinstance(command, (AdmitCommand, EngineCall)):
+                self._loop.call_soon_threadsafe(resolve, command.done, error)  # type: ignore[union-attr]
         self._deliver([(stream, error) for stream in streams])
         if engine is not None:
             engine.close()
@@ -345,15 +276,6 @@ class AsyncEngine:
 def group_request_ids(request_id: str, num_prompts: int) -> list[str]:
     """The engine request ids of a group admitted as `request_id`: itself for one prompt, else `request_id-i`."""
     return [request_id] if num_prompts == 1 else [f"{request_id}-{i}" for i in range(num_prompts)]
-
-
-def _resolve(done: asyncio.Future[Any], error: BaseException | None, result: object = None) -> None:
-    if done.cancelled():
-        return
-    if error is None:
-        done.set_result(result)
-    else:
-        done.set_exception(error)
 
 
 def _put_all(batch: list[tuple[OutputStream, RequestOutput | BaseException]], ended: list[str],

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.engine.async_engine import EngineInfo
+from radixlm.engine.engine_info import EngineInfo
 from radixlm.engine.output_stream import OutputStream
 from radixlm.outputs import CompletionOutput
 from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_message

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
-from radixlm.engine.async_engine import EngineInfo
+from radixlm.engine.engine_info import EngineInfo
 from radixlm.engine.output_stream import OutputStream
 from radixlm.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError

@@ -21,7 +21,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from radixlm.engine.async_engine import EngineInfo
+from radixlm.engine.engine_info import EngineInfo
 from radixlm.pooling_params import PoolingParams
 from radixlm.server.errors import APIError
 from radixlm.server.request_bodies import RequestBody

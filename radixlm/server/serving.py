@@ -19,7 +19,8 @@ from transformers import PreTrainedTokenizerBase
 
 from radixlm.core.scheduler import QueueFullError
 from radixlm.engine.admission import check_vocabulary
-from radixlm.engine.async_engine import AsyncEngine, EngineInfo, EngineUnavailableError
+from radixlm.engine.async_engine import AsyncEngine, EngineUnavailableError
+from radixlm.engine.engine_info import EngineInfo
 from radixlm.engine.output_stream import OutputStream
 from radixlm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from radixlm.pooling_params import PoolingParams

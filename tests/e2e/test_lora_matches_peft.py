@@ -127,3 +127,21 @@ def test_the_trace_records_each_requests_adapter_and_replays(tiny_model_dir, ada
     num_matched, divergence = replay(Trace.load(trace_path))
     assert divergence is None, str(divergence)
     assert num_matched == len(Trace.load(trace_path).of("step"))
+
+
+def test_an_adapter_in_use_is_not_unloaded_and_max_loras_holds(tiny_model_dir, adapters):
+    a1, a2 = adapters("llama")
+    engine = build_engine(model=str(tiny_model_dir("llama")), enable_lora=True, max_loras=1, num_kv_blocks=256,
+                          block_size=4)
+    engine.add_request("busy", random_prompts()[0], SamplingParams(max_tokens=4), lora_request=a1)
+    with pytest.raises(ValueError, match="in use"):
+        engine.loras.unload("a1")
+    with pytest.raises(ValueError, match="--max-loras"):
+        engine.add_request("other", random_prompts()[1], SamplingParams(max_tokens=4), lora_request=a2)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.loras.unload("a1")
+    assert engine.add_request("other", random_prompts()[1], SamplingParams(max_tokens=4), lora_request=a2)
+    base_only = build_engine(model=str(tiny_model_dir("llama")), num_kv_blocks=64, block_size=4)
+    with pytest.raises(ValueError, match="not enabled"):
+        base_only.add_request("x", random_prompts()[0], SamplingParams(max_tokens=2), lora_request=a1)

@@ -217,3 +217,33 @@ def test_replica_options_run_workers_in_processes_and_trace_to_their_own_files()
                                                   "num_threads": 1, "distributed_executor_backend": "mp"}
     assert replica_engine_options({"distributed_executor_backend": "uni"}, 0) == {
         "distributed_executor_backend": "uni"}  # the user's choice stands
+
+
+def test_lora_adapters_load_on_every_replica_and_answer_as_one_engine_does(long_model_dir, tmp_path):
+    """(One engine's adapter answers equal PEFT's: tests/e2e/test_lora_matches_peft.py.)"""
+    from lora_adapters import build_adapter
+
+    from radixlm.llm import LLM
+    from radixlm.lora_request import LoRARequest
+
+    adapter = build_adapter(long_model_dir, tmp_path / "a1", seed=1)
+    prompts = [[rng.choice(VOCAB) for _ in range(24)] for rng in [random.Random(i) for i in range(4)]]
+    one = LLM(str(long_model_dir), **OPTIONS, enable_lora=True)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = [output.outputs[0].text for output in one.generate(prompts, params, use_tqdm=False,
+                                                                   lora_request=LoRARequest("a1", 1, str(adapter)))]
+    one.close()
+    server = InProcessServer(long_model_dir, OPTIONS | {"data_parallel_size": 2, "enable_lora": True})
+    try:
+        reply = server.http.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(adapter)})
+        assert reply.status_code == 200, reply.text
+        replicas = server.app.app.state.async_engine.replicas
+        assert [sorted(replica.lora_requests) for replica in replicas] == [["a1"], ["a1"]]
+        for prompt, text in zip(prompts, expected, strict=True):
+            answer = server.http.post("/v1/completions", json={"model": "a1", "prompt": prompt, "max_tokens": 6,
+                                                               "temperature": 0, "ignore_eos": True})
+            assert answer.status_code == 200 and answer.json()["choices"][0]["text"] == text
+        assert server.http.post("/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 200
+        assert [replica.lora_requests for replica in replicas] == [{}, {}]
+    finally:
+        server.stop()
