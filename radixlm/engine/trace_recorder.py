@@ -27,12 +27,12 @@ from typing import IO, TYPE_CHECKING, Any
 from radixlm.config import EngineConfig
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import SchedulerOutput
+from radixlm.lora_request import LoRARequest
 from radixlm.outputs import RequestOutput
 from radixlm.request import Request
 
 if TYPE_CHECKING:  # the trace tools import TRACE_VERSION from here and load no tokenizer library
-    from radixlm.lora_request import LoRARequest
-from radixlm.engine.parent_request import ParentRequest
+    from radixlm.engine.parent_request import ParentRequest
 
 TRACE_VERSION = 1  # the format this recorder writes and `radixlm/trace/` reads
 

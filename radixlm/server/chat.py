@@ -153,8 +153,8 @@ class ChatCompletions(OpenAIServing):
                 index=index, message=message, stop_reason=sequence.stop_reason,
                 logprobs=self._logprobs(body, formatter, sequence.token_ids, sequence.logprobs, top_n),
                 finish_reason=parser.finish_reason(sequence.finish_reason)))
-        return ChatCompletion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
-                              usage=usage_of([result]),
+        return ChatCompletion(id=request_id, created=int(time.time()), model=self.response_model(body.model),
+                              choices=choices, usage=usage_of([result]),
                               timings=timings_of_results([result]) if body.timings_per_token else None)
 
     async def _chunks(self, run: ChatRun, body: ChatCompletionRequest, formatter: OpenAILogprobs, top_n: int,
@@ -166,8 +166,8 @@ class ChatCompletions(OpenAIServing):
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             if usage is None and body.continuous_usage:
                 usage = usage_of([result])
-            return ChatCompletionChunk(id=run.request_id, created=created, model=self.model_name, choices=choices,
-                                       usage=usage,
+            return ChatCompletionChunk(id=run.request_id, created=created, model=self.response_model(body.model),
+                                       choices=choices, usage=usage,
                                        timings=timings_of_results([result]) if body.timings_per_token else None)
 
         for index in range(body.n):  # OpenAI opens every choice with the role

@@ -71,7 +71,8 @@ class Completions(OpenAIServing):
                    for _, sequence in sorted(result.sequences.items())]
         for i, choice in enumerate(choices):
             choice.index = i
-        response = Completion(id=request_id, created=int(time.time()), model=self.model_name, choices=choices,
+        response = Completion(id=request_id, created=int(time.time()), model=self.response_model(body.model),
+                              choices=choices,
                               usage=usage_of(results),
                               timings=timings_of_results(results) if body.timings_per_token else None)
         return JSONResponse(response.model_dump(mode="json"))
@@ -152,9 +153,10 @@ class Completions(OpenAIServing):
                     continue  # a token whose text is held back (part of a UTF-8 character): nothing to send yet
                 choice = CompletionChoice(index=choice_index, text=text, logprobs=logprobs,
                                           finish_reason=sequence.finish_reason, stop_reason=sequence.stop_reason)
-                yield Completion(id=request_id, created=created, model=self.model_name, choices=[choice],
+                yield Completion(id=request_id, created=created, model=self.response_model(body.model),
+                                 choices=[choice],
                                  usage=usage_of(results) if body.continuous_usage else None,
                                  timings=timings_of_results(results) if body.timings_per_token else None)
         if body.include_usage:
-            yield Completion(id=request_id, created=created, model=self.model_name, choices=[],
+            yield Completion(id=request_id, created=created, model=self.response_model(body.model), choices=[],
                              usage=usage_of(results))

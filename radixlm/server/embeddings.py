@@ -91,7 +91,7 @@ class Embeddings(OpenAIServing):
         data = [EmbeddingData(index=i, embedding=encode_vector(_vector(result), body.encoding_format))
                 for i, result in enumerate(results)]
         num_tokens = sum(len(prompt) for prompt in prompts)
-        response = EmbeddingResponse(data=data, model=self.model_name,
+        response = EmbeddingResponse(data=data, model=self.response_model(body.model),
                                      usage=EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens))
         return JSONResponse(response.model_dump(mode="json"))
 

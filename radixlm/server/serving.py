@@ -142,6 +142,11 @@ class OpenAIServing:
         raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}{adapters}",
                        param="model", code="model_not_found")
 
+    def response_model(self, model: str | None) -> str:
+        """The `model` a response names: the LoRA adapter the request asked for (as vLLM answers), else the served
+        model's name."""
+        return model if model is not None and model in self.async_engine.lora_requests else self.model_name
+
     def check_request(self, body: SamplingRequest, info: EngineInfo) -> None:
         """Checks that need more than one field or the engine's configuration."""
         self.check_model(body.model)

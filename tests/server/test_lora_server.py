@@ -60,7 +60,8 @@ def test_model_selects_the_adapter_and_matches_peft(server, tiny_model_dir, adap
 def test_load_use_and_unload_at_run_time(server, adapters):
     reply = server.http.post("/v1/load_lora_adapter", json={"lora_name": "a2", "lora_path": str(adapters["a2"])})
     assert reply.status_code == 200 and "a2" in reply.text
-    assert completion(server, "a2")["choices"][0]["text"]
+    answer = completion(server, "a2")
+    assert answer["choices"][0]["text"] and answer["model"] == "a2"  # the adapter's name, as vLLM answers
     assert "a2" in [c["id"] for c in server.http.get("/v1/models").json()["data"]]
     metrics = server.http.get("/metrics").text
     assert 'radixlm:lora_requests_total{' in metrics and 'lora_name="a2"' in metrics
