@@ -8,27 +8,35 @@ import torch
 from torch import nn
 
 from radixlm.config import EngineConfig
+from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.lora.linear import ActiveRows, DeltaPart, LoRALinear, ProjectionDelta, RowGroup
 from radixlm.model.quantize import Int8Linear
+from radixlm.model.serving_format import BLOCK_QUANTIZATIONS, quantize_to_blocks
 
 
 def peft_delta(x, a, b, scaling):
     return (x @ a.T @ b.T) * scaling
 
 
-@pytest.mark.parametrize("base_kind", ["float", "int8"])
+def base_linear(kind: str, linear: nn.Linear) -> nn.Module:
+    if kind == "int8":
+        return Int8Linear(linear.weight, linear.bias, small_batch=False, fused_scaling=False)
+    if kind == "q8_0":
+        return GGUFLinear([quantize_to_blocks(linear.weight, BLOCK_QUANTIZATIONS["q8_0"], None)], linear.bias)
+    return linear
+
+
+@pytest.mark.parametrize("base_kind", ["float", "int8", "q8_0"])
 def test_each_group_gets_its_adapters_delta_and_other_rows_none(base_kind):
     torch.manual_seed(0)
-    linear = nn.Linear(16, 12, bias=True)
-    base = linear if base_kind == "float" else Int8Linear(linear.weight, linear.bias, small_batch=False,
-                                                          fused_scaling=False)
+    base = base_linear(base_kind, nn.Linear(32, 12, bias=True))
     active = ActiveRows()
     lora = LoRALinear(base, active)
-    a1, b1 = torch.randn(2, 16), torch.randn(5, 2)  # adapter 1 adapts columns 0..4 (say q of a fused q/k/v)
-    a2, b2 = torch.randn(3, 16), torch.randn(12, 3)  # adapter 2 adapts every column
+    a1, b1 = torch.randn(2, 32), torch.randn(5, 2)  # adapter 1 adapts columns 0..4 (say q of a fused q/k/v)
+    a2, b2 = torch.randn(3, 32), torch.randn(12, 3)  # adapter 2 adapts every column
     lora.deltas[1] = ProjectionDelta(a1.T.contiguous(), (DeltaPart(0, 5, b1.T.contiguous(), 0.5),))
     lora.deltas[2] = ProjectionDelta(a2.T.contiguous(), (DeltaPart(0, 12, b2.T.contiguous(), 2.0),))
-    x = torch.randn(1, 7, 16)
+    x = torch.randn(1, 7, 32)
     with torch.inference_mode():
         plain = base(x)
         active.groups = (RowGroup(1, 1, 3), RowGroup(2, 3, 6))
