@@ -70,6 +70,8 @@ def test_bad_tensors_are_refused_naming_the_key(tmp_path):
 def test_missing_truncated_and_corrupt_files_are_refused(tmp_path):
     with pytest.raises(AdapterError, match="is not a directory"):
         read_adapter(tmp_path / "nowhere", SHAPES, max_rank=8)
+    with pytest.raises(AdapterError, match="NUL"):
+        read_adapter(f"{tmp_path}/a\x00b", SHAPES, max_rank=8)
     directory = write_adapter(tmp_path / "a")
     weights = directory / "adapter_model.safetensors"
     data = weights.read_bytes()

@@ -67,6 +67,8 @@ class AdapterFile:
 def read_adapter(path: str | Path, target_shapes: Mapping[str, tuple[int, int]], max_rank: int) -> AdapterFile:
     """Check the adapter in directory `path` against the base model's adaptable projections (`target_shapes`:
     module name -> (in_features, out_features)); raises AdapterError naming the file and the field."""
+    if "\x00" in str(path):
+        raise AdapterError(Path(str(path).replace("\x00", "\\x00")), "lora_path", "holds a NUL character")
     directory = Path(path)
     if not directory.is_dir():
         raise AdapterError(directory, "lora_path", "is not a directory")
