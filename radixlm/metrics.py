@@ -118,6 +118,7 @@ class EngineMetrics:
                                      "clients use; a series leaves when its adapter is unloaded).",
                                      labelnames=[*labels, "lora_name"], registry=self.registry)
         self.loras_loaded = gauge("radixlm:lora_adapters_loaded", "LoRA adapters loaded (at most --max-loras).")
+        self._lora_series: set[str] = set()  # the adapter names `lora_requests` has a series for
         self._spec_seen = SchedulerStats(0, 0, 0.0, 0.0, 0)
         self._label_names = labels
         self._label_values = values
@@ -157,8 +158,10 @@ class EngineMetrics:
         self.loras_loaded.set(len(names))
         if admitted is not None:
             self.lora_requests.labels(*self._label_values, admitted).inc(num_requests)
-        for labels in [key for key in self.lora_requests._metrics if key[-1] not in names]:
-            self.lora_requests.remove(*labels)
+            self._lora_series.add(admitted)
+        for gone in self._lora_series - names:
+            self.lora_requests.remove(*self._label_values, gone)
+        self._lora_series &= names
 
     def observe_finished(self, reason: str) -> None:
         self.requests_finished.labels(*self._label_values, reason).inc()

@@ -45,8 +45,6 @@ class LoRARegistry:
     def load(self, name: str, path: str) -> LoRARequest:
         """Load the adapter in directory `path` under `name` with a fresh id; ValueError when LoRA is off, the name
         is taken, `--max-loras` are loaded, or the adapter is bad (naming the file and the field)."""
-        if name in self.by_name:
-            raise ParamError("lora_name", f"adapter {name!r} is already loaded (unload it first)")
         lora_id = next(lora_id for lora_id in self._next_id if lora_id not in self.adapters)
         return self.add(LoRARequest(name, lora_id, path))
 
@@ -54,6 +52,8 @@ class LoRARegistry:
         """Check and load `lora_request`'s adapter under its own id and name."""
         if not self.enabled:
             raise ParamError("lora_request", "LoRA adapters are not enabled on this engine (--enable-lora)")
+        if lora_request.lora_name in self.by_name:
+            raise ParamError("lora_name", f"adapter {lora_request.lora_name!r} is already loaded (unload it first)")
         if len(self.adapters) >= self.config.max_loras:
             raise ParamError("lora_name", f"{len(self.adapters)} adapters are loaded, the most --max-loras allows: "
                              "unload one first")

@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from radixlm.model.fused_ops import FusedGatedMLP
 from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.model.lora.linear import ActiveRows, DeltaPart, LoRALinear, ProjectionDelta, RowGroup
 
@@ -117,7 +118,7 @@ def _find_targets(model: nn.Module) -> dict[str, Target]:
                                      ("v_proj", k_end, qkv.out_features)):
                 targets[f"{path}.{name}"] = Target(f"{path}.qkv_proj", first, end, qkv.in_features)
             fused.add(f"{path}.qkv_proj")
-        elif type(module).__name__ == "FusedGatedMLP":
+        elif isinstance(module, FusedGatedMLP):
             gate_up = module.gate_up_proj
             half = gate_up.out_features // 2
             targets[f"{path}.gate_proj"] = Target(f"{path}.gate_up_proj", 0, half, gate_up.in_features)
