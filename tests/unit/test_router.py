@@ -147,3 +147,17 @@ def test_router_imports_no_torch():
     code = "import sys, radixlm.data_parallel.router; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_prefixes_are_named_by_adapter_and_groups_follow_them():
+    """The same prompt under another LoRA adapter is another prefix: its group goes where that adapter's prompts
+    went, not where the base model's did."""
+    from radixlm.data_parallel.router import CacheAwareRouter, block_names
+
+    prompt = list(range(64))
+    assert block_names(prompt, 16, lora_id=3) != block_names(prompt, 16) == block_names(prompt, 16, lora_id=0)
+    router = CacheAwareRouter(2)
+    base = router.route(prompt).replica
+    adapted = router.route(prompt, lora_id=3).replica
+    assert adapted != base  # no match for adapter 3 anywhere: the less loaded replica
+    assert router.route(prompt, lora_id=3).replica == adapted and router.route(prompt).replica == base
