@@ -27,6 +27,7 @@ from torch import nn
 
 from radixlm.model.fused_ops import fuse_small_ops
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
+from radixlm.model.prepacked_linear import prepacking_available, use_prepacked_linears
 from radixlm.model.quantize import quantize_model
 from radixlm.model.small_batch import int8_kernel_is_vectorized, use_small_batch_linears
 
@@ -64,13 +65,15 @@ class ServingFormat:
                            fused_scaling=self.cpp_kernels)
 
     def finish_model(self, model: nn.Module) -> None:
-        """Everything outside the decoder layers (the final norm, the embedding, the LM head), and the float linears'
-        small-batch kernels."""
+        """Everything outside the decoder layers (the final norm, the embedding, the LM head), the float32 linears'
+        small-batch kernels and the bfloat16 linears' prepacked weights (`radixlm.model.prepacked_linear`)."""
         if self.block_type is not None:
             self._embedding_to_blocks(model)
         self.finish_layer(model)  # what is left; finished layers hold nothing more to fuse or quantize
         if self.quantization is None and self.cpp_kernels:
             logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))
+            if prepacking_available():
+                logger.debug("%d bfloat16 linears prepacked for oneDNN", use_prepacked_linears(model))
 
     def _to_blocks(self, root: nn.Module) -> None:
         for name, module in [(n, m) for n, m in root.named_modules() if type(m) is nn.Linear]:
