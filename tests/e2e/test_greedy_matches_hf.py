@@ -72,3 +72,21 @@ def test_bf16_kv_cache_runs_and_mostly_agrees(arch, backend, tiny_model_dir, ref
               for out, ref in zip(outputs, references(arch), strict=True)]
     print(f"{arch}/{backend} bf16 KV: tokens agreeing before the first difference: {agreed}")
     assert sum(agreed) >= 0.5 * MAX_NEW * len(agreed), agreed
+
+
+def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch):
+    """bfloat16 linears prepacked for oneDNN (`radixlm.model.prepacked_linear`) change no token: the same engine with
+    prepacking off gives the same greedy output."""
+    from radixlm.model import serving_format
+    from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available
+
+    if not prepacking_available() or extension_error() is not None:
+        pytest.skip("no oneDNN or no radixlm._C: nothing is prepacked")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    options = dict(model=str(tiny_model_dir("llama")), dtype="bfloat16", num_kv_blocks=256, block_size=4)
+    prepacked = build_engine(**options)
+    assert any(isinstance(m, PrepackedLinear) for m in prepacked.runner.model.modules())
+    monkeypatch.setattr(serving_format, "prepacking_available", lambda: False)
+    plain = build_engine(**options)
+    assert not any(isinstance(m, PrepackedLinear) for m in plain.runner.model.modules())
+    assert output_token_ids(prepacked, random_prompts(), params) == output_token_ids(plain, random_prompts(), params)
