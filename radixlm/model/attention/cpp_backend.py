@@ -7,6 +7,12 @@ prompt was chunked, cached or batched, and the kernel reads a chunk's context on
 writes the step's new K/V itself (one call per layer instead of two). It is a registered custom op with a fake
 kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 layers take its direct entry
 point instead (`decode_layer`), without the dispatcher.
+
+bfloat16 models (bfloat16 queries over bfloat16 caches) split the step (`PrefillSplit`): decode rows stay on the
+kernel, and each prefill chunk attends through PyTorch's SDPA (its CPU flash attention, AMX-BF16 tiles where the
+CPU has them), as the torch backend does it: 5.3x faster per layer for a 2,000-token prompt on a Xeon with AMX
+(7.4 against 39.4 ms, 9 query heads of 64). There a prompt's numbers may depend on its chunking, as bfloat16
+rounding already makes them differ from float32's; float32 models keep the kernel for every row.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import torch
 
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.kv_write import kernel_takes_rows, write_kv
+from radixlm.model.attention.torch_backend import PrefillSegment, attend_prefill
+from radixlm.model.device import to_device
 from radixlm.model.kv_cache import PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
 
@@ -57,10 +65,22 @@ class DecodeTables:
 
 
 @dataclass
+class PrefillSplit:
+    """A bfloat16 forward's two parts: the rows that attend as decodes (`decode_rows` of the packed batch, with
+    their own tables; None when there are none) and the prefill chunks, which attend through SDPA."""
+
+    decode_rows: torch.Tensor | None
+    decode_tables: DecodeTables | None
+    prefills: list[PrefillSegment]
+
+
+@dataclass
 class CppAttentionMetadata(AttentionMetadata):
-    """The C++ backend's view of a forward: the kernel's block tables, a row per query row."""
+    """The C++ backend's view of a forward: the kernel's block tables, a row per query row, and, with bfloat16
+    caches and a prefill chunk in the step, the split a bfloat16 forward takes."""
 
     tables: DecodeTables
+    split: PrefillSplit | None = None
 
 
 class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
@@ -82,7 +102,11 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
         for chunk in chunks:
             lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
             tables.extend([chunk.block_table] * chunk.num_tokens)  # one object: the kernel shares it
-        return CppAttentionMetadata(self, kv_cache, slot_mapping, DecodeTables.build(tables, lens, kv_cache.block_size))
+        split = None
+        if kv_cache.key_caches[0].dtype == torch.bfloat16 and any(c.num_tokens != c.num_sampled for c in chunks):
+            split = _split(chunks, kv_cache)
+        return CppAttentionMetadata(self, kv_cache, slot_mapping, DecodeTables.build(tables, lens, kv_cache.block_size),
+                                    split)
 
     def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 metadata: CppAttentionMetadata, scaling: float | None, sliding_window: int | None,
@@ -90,6 +114,8 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
         key_cache = metadata.kv_cache.key_caches[layer]
         value_cache = metadata.kv_cache.value_caches[layer]
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if metadata.split is not None and query.dtype == torch.bfloat16:
+            return _forward_split(query, key, value, key_cache, value_cache, metadata, scale, sliding_window, softcap)
         out = decode_layer(query, key, value, key_cache, value_cache, metadata.tables, metadata.slot_mapping, scale,
                            sliding_window, softcap)
         if out is not None:
@@ -102,6 +128,47 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
             new_rows = None
         return paged_decode_attention(rows, key_cache, value_cache, metadata.tables, scale, sliding_window, softcap,
                                       new_rows)[None]
+
+
+def _split(chunks: Sequence[ChunkRows], kv_cache: PagedKVCache) -> PrefillSplit:
+    rows: list[int] = []
+    lens: list[int] = []
+    tables: list[list[int]] = []
+    prefills: list[PrefillSegment] = []
+    for chunk in chunks:
+        if chunk.num_tokens == chunk.num_sampled:  # a decode, or one verifying drafts: a row per position
+            rows.extend(range(chunk.first_row, chunk.first_row + chunk.num_tokens))
+            lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
+            tables.extend([chunk.block_table] * chunk.num_tokens)
+            continue
+        context = chunk.context_slots
+        context = context if isinstance(context, slice) else to_device(context, kv_cache.device)
+        prefills.append(PrefillSegment(start=chunk.first_row, num_queries=chunk.num_tokens,
+                                       context_slots=context if chunk.start_position > 0 else None,
+                                       context_len=chunk.context_len, device=kv_cache.device))
+    if not rows:
+        return PrefillSplit(None, None, prefills)
+    return PrefillSplit(torch.tensor(rows), DecodeTables.build(tables, lens, kv_cache.block_size), prefills)
+
+
+def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                   value_cache: torch.Tensor, metadata: CppAttentionMetadata, scale: float,
+                   sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """A bfloat16 layer: every new K/V written, decode rows through the kernel, prefill chunks through SDPA."""
+    split = metadata.split
+    assert split is not None
+    new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
+    write_kv(key_cache, value_cache, metadata.slot_mapping, new_keys, new_values)
+    queries = query[0]  # [Hq, T, D]
+    output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
+    if split.decode_rows is not None and split.decode_tables is not None:
+        rows = queries.transpose(0, 1).index_select(0, split.decode_rows)
+        output[split.decode_rows] = paged_decode_attention(rows, key_cache, value_cache, split.decode_tables, scale,
+                                                           sliding_window, softcap)
+    for segment in split.prefills:
+        attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scale,
+                       sliding_window, softcap)
+    return output[None]
 
 
 def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

@@ -136,7 +136,7 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
             _attend_decodes(queries, key_cache, value_cache, metadata.decode, output, scaling, sliding_window,
                             softcap)
         for segment in metadata.prefills:
-            _attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scaling,
+            attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scaling,
                             sliding_window, softcap)
         return output[None]
 
@@ -169,10 +169,12 @@ def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache:
         output[group.query_rows] = out
 
 
-def _attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
-                    key_cache: torch.Tensor, value_cache: torch.Tensor, segment: PrefillSegment,
-                    output: torch.Tensor, scaling: float | None, sliding_window: int | None,
-                    softcap: float | None) -> None:
+def attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
+                   key_cache: torch.Tensor, value_cache: torch.Tensor, segment: PrefillSegment,
+                   output: torch.Tensor, scaling: float | None, sliding_window: int | None,
+                   softcap: float | None) -> None:
+    """One prefill chunk's rows of `output` (`[T, Hq, D]`) through SDPA over its context: the chunk's fresh K/V
+    when it is the whole context, else the cache (its new K/V already written)."""
     rows = slice(segment.start, segment.start + segment.num_queries)
     if segment.context_slots is None:  # the chunk is the whole context: use the fresh K/V directly
         keys, values = new_keys[rows], new_values[rows]
