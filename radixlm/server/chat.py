@@ -22,6 +22,7 @@ from radixlm.server.chat_output import OutputParsing, SequenceParser, parse_mess
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.errors import APIError
 from radixlm.server.openai_logprobs import OpenAILogprobs
+from radixlm.server.prompt_result import PromptResult, timings_of_results, usage_of
 from radixlm.server.request_bodies import ChatCompletionRequest
 from radixlm.server.response_bodies import (
     ChatChoice,
@@ -32,7 +33,7 @@ from radixlm.server.response_bodies import (
     DeltaMessage,
     Usage,
 )
-from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of
+from radixlm.server.serving import OpenAIServing, new_request_id
 from radixlm.server.tool_calling import (
     FunctionTool,
     after_reasoning,

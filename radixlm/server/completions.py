@@ -19,9 +19,10 @@ from radixlm.engine.output_stream import OutputStream
 from radixlm.outputs import CompletionOutput, PositionLogprobs
 from radixlm.server.errors import APIError
 from radixlm.server.openai_logprobs import OpenAILogprobs
+from radixlm.server.prompt_result import PromptResult, timings_of_results, usage_of
 from radixlm.server.request_bodies import CompletionRequest
 from radixlm.server.response_bodies import Completion, CompletionChoice, CompletionLogprobs
-from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id, timings_of_results, usage_of
+from radixlm.server.serving import OpenAIServing, new_request_id
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from pydantic import BaseModel, Field
 from radixlm.engine.engine_info import EngineInfo
 from radixlm.pooling_params import PoolingParams
 from radixlm.server.errors import APIError
+from radixlm.server.prompt_result import PromptResult
 from radixlm.server.request_bodies import RequestBody
-from radixlm.server.serving import OpenAIServing, PromptResult, new_request_id
+from radixlm.server.serving import OpenAIServing, new_request_id
 
 MAX_INPUT_ENTRIES = 131_072  # entries of `input` (texts or token ids), counted before any is validated
 

@@ -9,7 +9,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -22,15 +21,14 @@ from radixlm.engine.admission import check_vocabulary
 from radixlm.engine.async_engine import AsyncEngine, EngineUnavailableError
 from radixlm.engine.engine_info import EngineInfo
 from radixlm.engine.output_stream import OutputStream
-from radixlm.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from radixlm.outputs import RequestOutput
 from radixlm.pooling_params import PoolingParams
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import chat_prompt_ids
 from radixlm.server.errors import APIError
+from radixlm.server.prompt_result import PromptResult
 from radixlm.server.request_bodies import ChatMessage, SamplingRequest
-from radixlm.server.response_bodies import Usage
-from radixlm.server.timings import Timings, merged, timings_of
 from radixlm.server.tokenization import Tokenization, num_text_chars
 from radixlm.structured.grammar_spec import GrammarSpec
 
@@ -40,41 +38,6 @@ _CHARS_PER_TOKEN = 4  # a detokenize job's size, for its lane and turn: about wh
 DEFAULT_KEEPALIVE_SECONDS = 15.0  # FastAPI's and sse-starlette's interval
 KEEPALIVE_FRAME = ": ping\n\n"  # an SSE comment: every client skips it
 _PARAMS = frozenset({"prompt", "messages", *SamplingRequest.model_fields})
-
-
-@dataclass
-class PromptResult:
-    """Everything received so far for one prompt: its tokens, and the latest state of each sequence (or its
-    vector, for an embedding request)."""
-
-    prompt_token_ids: list[int] = field(default_factory=list)
-    num_cached_tokens: int = 0
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-    sequences: dict[int, CompletionOutput] = field(default_factory=dict)
-    embedding: list[float] | None = None
-    metrics: RequestMetrics | None = None
-
-    def update(self, output: RequestOutput) -> None:
-        self.prompt_token_ids = output.prompt_token_ids
-        self.num_cached_tokens = output.num_cached_tokens
-        self.metrics = output.metrics
-        self.embedding = output.embedding if output.embedding is not None else self.embedding
-        if self.prompt_logprobs is None:
-            self.prompt_logprobs = output.prompt_logprobs
-        for sequence in output.outputs:
-            self.sequences[sequence.index] = sequence
-
-
-def usage_of(results: list[PromptResult]) -> Usage:
-    return Usage.of(prompt_tokens=sum(len(r.prompt_token_ids) for r in results),
-                    completion_tokens=sum(len(s.token_ids) for r in results for s in r.sequences.values()),
-                    cached_tokens=sum(r.num_cached_tokens for r in results))
-
-
-def timings_of_results(results: list[PromptResult]) -> Timings:
-    """llama.cpp's timings of a request so far (`timings.merged` over several prompts)."""
-    return merged([timings_of(r.metrics, len(r.prompt_token_ids), r.num_cached_tokens,
-                              sum(len(s.token_ids) for s in r.sequences.values())) for r in results])
 
 
 def new_request_id(prefix: str) -> str:

@@ -26,7 +26,7 @@ from radixlm.server.chat import ChatCompletions, ChatRun
 from radixlm.server.chat_output import SequenceParser
 from radixlm.server.chat_template import check_template_kwargs
 from radixlm.server.errors import APIError
-from radixlm.server.serving import PromptResult
+from radixlm.server.prompt_result import PromptResult
 from radixlm.server.tool_calling import check_tool_choice, check_tools
 
 _T = TypeVar("_T")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from radixlm.outputs import CompletionOutput
-from radixlm.server.serving import PromptResult
+from radixlm.server.prompt_result import PromptResult
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 

@@ -39,7 +39,7 @@ from radixlm.server.openai_responses.translate import (
     echoed_tools,
     responses_error,
 )
-from radixlm.server.serving import PromptResult
+from radixlm.server.prompt_result import PromptResult
 
 logger = logging.getLogger(__name__)
 _UNSTORED_FINISHES = ("abort", "error")  # a response no one received is not worth continuing
