@@ -31,16 +31,7 @@ def build_adapter(base_dir: Path, out_dir: Path, seed: int, rank: int = 4, alpha
 def peft_greedy(base_dir: Path, adapter_dir: Path | None, prompts: list[list[int]], max_new_tokens: int,
                 ) -> list[list[int]]:
     """PEFT's `PeftModel` on the float32 base (or the base alone), HF `generate`, greedy, one prompt at a time."""
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if adapter_dir is not None:
-        model = PeftModel.from_pretrained(model, adapter_dir)
-    model.eval()
-    model.generation_config.eos_token_id = None
-    outputs = []
-    for prompt in prompts:
-        with torch.inference_mode():
-            generated = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                       dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
-                                       pad_token_id=0)
-        outputs.append(generated[0, len(prompt):].tolist())
-    return outputs
+    from e2e.hf_reference import hf_greedy
+
+    prepare = None if adapter_dir is None else (lambda model: PeftModel.from_pretrained(model, adapter_dir))
+    return hf_greedy(base_dir, prompts, max_new_tokens, prepare=prepare)

@@ -210,10 +210,7 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.token_ids[0]]
-            leaf.parent = None  # detached: its remaining heap entries are stale
-            self.block_pool.free(leaf.block_ids)
-            self.num_nodes -= 1
-            self.num_tokens -= len(leaf.token_ids)
+            self._drop(leaf)
             self._push_if_evictable_leaf(parent, parent.last_access)
         freed = self.block_pool.num_free_blocks - free_before
         self.num_evicted_blocks += freed  # blocks returned to the pool (a shared boundary block may stay held)
@@ -250,11 +247,15 @@ class RadixCache:
             node = stack.pop()
             assert node.lock_ref == 0, f"{node} is locked"
             stack.extend(node.children.values())
-            node.parent = None  # detached: its heap entries are stale
-            self.block_pool.free(node.block_ids)
-            self.num_nodes -= 1
-            self.num_tokens -= len(node.token_ids)
+            self._drop(node)
         return self.block_pool.num_free_blocks - free_before
+
+    def _drop(self, node: RadixNode) -> None:
+        """Detach `node` (its remaining heap entries become stale) and give back its blocks."""
+        node.parent = None
+        self.block_pool.free(node.block_ids)
+        self.num_nodes -= 1
+        self.num_tokens -= len(node.token_ids)
 
     def reset(self) -> None:
         """Drop every unlocked node (all of them when nothing is running)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -122,29 +122,29 @@ class DataParallelEngine:
             raise ParamError("lora_name", f"adapter {name!r} is already loaded (unload it first)")
         lora_id = max((lora.lora_int_id for lora in self.lora_requests.values()), default=0) + 1
         lora_request = LoRARequest(name, lora_id, path)
-        loaded: list[AsyncEngine] = []
-        try:
-            for replica in self.replicas:
-                await replica.add_lora(lora_request)
-                loaded.append(replica)
-        except BaseException:
-            for replica in loaded:
-                await replica.unload_lora_adapter(name)
-            raise
+        await self._on_every_replica(lambda replica: replica.add_lora(lora_request),
+                                     lambda replica: replica.unload_lora_adapter(name))
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Unload the adapter from every replica; if one refuses (a live request there runs it), the replicas that
         had unloaded it load it back, and its ValueError propagates."""
         lora_request = self.lora_requests.get(name)
-        unloaded: list[AsyncEngine] = []
+        if lora_request is None:
+            raise ParamError("lora_name", f"no adapter {name!r} is loaded")
+        await self._on_every_replica(lambda replica: replica.unload_lora_adapter(name),
+                                     lambda replica: replica.add_lora(lora_request))
+
+    async def _on_every_replica(self, change: Callable[[AsyncEngine], Awaitable[None]],
+                                undo: Callable[[AsyncEngine], Awaitable[None]]) -> None:
+        """`change` each replica in turn; if one raises, `undo` the replicas already changed, then re-raise."""
+        changed: list[AsyncEngine] = []
         try:
             for replica in self.replicas:
-                await replica.unload_lora_adapter(name)
-                unloaded.append(replica)
+                await change(replica)
+                changed.append(replica)
         except BaseException:
-            for replica in unloaded:
-                if lora_request is not None:
-                    await replica.add_lora(lora_request)
+            for replica in changed:
+                await undo(replica)
             raise
 
     def abort(self, request_ids: list[str]) -> None:

@@ -14,7 +14,8 @@ from radixlm.model.loader import float32_checkpoint
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = False,
               prepare: Callable[[torch.nn.Module], object] | None = None) -> list[list[int]]:
-    """HF `generate`, greedy, one prompt at a time; `prepare(model)` may change the loaded model first."""
+    """HF `generate`, greedy, one prompt at a time; `prepare(model)` may change the loaded model first, or return a
+    module that replaces it."""
     model = _load(model_dir, prepare)
     if not stop_at_eos:
         model.generation_config.eos_token_id = None
@@ -55,5 +56,7 @@ def _load(model_dir: Path, prepare: Callable[[torch.nn.Module], object] | None) 
     # A GGUF model's float32 copy is made by transformers' own GGUF loader: independent of radixlm's streaming one.
     model = AutoModelForCausalLM.from_pretrained(float32_checkpoint(model_dir), dtype=torch.float32).eval()
     if prepare is not None:
-        prepare(model)
+        prepared = prepare(model)
+        if isinstance(prepared, torch.nn.Module):  # a wrapper of the model (PEFT's) replaces it
+            model = prepared
     return model

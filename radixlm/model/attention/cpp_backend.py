@@ -17,6 +17,7 @@ rounding already makes them differ from float32's; float32 models keep the kerne
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,11 +77,21 @@ class PrefillSplit:
 
 @dataclass
 class CppAttentionMetadata(AttentionMetadata):
-    """The C++ backend's view of a forward: the kernel's block tables, a row per query row, and, with bfloat16
-    caches and a prefill chunk in the step, the split a bfloat16 forward takes."""
+    """The C++ backend's view of a forward: the kernel's block tables, a row per query row (`tables`, built on
+    first use: a bfloat16 forward with a split never reads them), and, with bfloat16 caches and a prefill chunk in
+    the step, the split a bfloat16 forward takes."""
 
-    tables: DecodeTables
+    chunks: Sequence[ChunkRows] = ()
     split: PrefillSplit | None = None
+
+    @functools.cached_property
+    def tables(self) -> DecodeTables:
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        for chunk in self.chunks:
+            lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
+            tables.extend([chunk.block_table] * chunk.num_tokens)  # one object: the kernel shares it
+        return DecodeTables.build(tables, lens, self.kv_cache.block_size)
 
 
 class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
@@ -97,16 +108,13 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
 
     def build_metadata(self, chunks: Sequence[ChunkRows], kv_cache: PagedKVCache,
                        slot_mapping: torch.Tensor) -> CppAttentionMetadata:
-        lens: list[int] = []
-        tables: list[list[int]] = []
-        for chunk in chunks:
-            lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
-            tables.extend([chunk.block_table] * chunk.num_tokens)  # one object: the kernel shares it
         split = None
         if kv_cache.key_caches[0].dtype == torch.bfloat16 and any(c.num_tokens != c.num_sampled for c in chunks):
             split = _split(chunks, kv_cache)
-        return CppAttentionMetadata(self, kv_cache, slot_mapping, DecodeTables.build(tables, lens, kv_cache.block_size),
-                                    split)
+        metadata = CppAttentionMetadata(self, kv_cache, slot_mapping, chunks, split)
+        if split is None:
+            _ = metadata.tables  # every layer reads them: built here, with the rest of the step's set-up
+        return metadata
 
     def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 metadata: CppAttentionMetadata, scaling: float | None, sliding_window: int | None,
