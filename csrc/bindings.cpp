@@ -29,9 +29,10 @@ TORCH_LIBRARY(radixlm, m) {
   // attention/
   m.def("paged_decode_attention(Tensor query, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor block_table, "
         "Tensor block_offsets, Tensor context_lens, int block_size, float scale, int sliding_window, "
-        "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None) -> Tensor");
-  m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values) "
-        "-> ()");
+        "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None, "
+        "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> Tensor");
+  m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values, "
+        "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> ()");
   // linear/
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("small_batch_int8_linear(Tensor x, Tensor weight, Tensor weight_scales, Tensor weight_sums, Tensor? bias) "
@@ -156,17 +157,19 @@ PyObject* gguf_linear_paths(PyObject*, PyObject*) {
 }
 
 // decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens,
-// slot_mapping, block_size, scale, sliding_window, softcap): one attention layer of a step in which every row
+// slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one attention layer of a step in which every row
 // decodes, from the tensors transformers passes (query [1, Hq, T, D], the new key and value [1, Hkv, T, D]) to
 // [1, T, Hq, D]: the views the op needs are taken here, then torch.ops.radixlm.paged_decode_attention runs without
 // the dispatcher, writing the new K/V at slot_mapping first.
 PyObject* decode_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   constexpr Py_ssize_t kTensors = 9;
-  if (!check_count("decode_attention", kTensors + 4, nargs)) return nullptr;
+  if (!check_count("decode_attention", kTensors + 6, nargs)) return nullptr;
   std::array<c10::optional<at::Tensor>, kTensors> t;
   for (Py_ssize_t i = 0; i < kTensors; ++i) {
     if (!tensor_arg(args, i, false, &t[i])) return nullptr;
   }
+  c10::optional<at::Tensor> key_scales, value_scales;  // int8 caches only
+  if (!tensor_arg(args, 13, true, &key_scales) || !tensor_arg(args, 14, true, &value_scales)) return nullptr;
   const long long block_size = PyLong_AsLongLong(args[9]);
   if (block_size == -1 && PyErr_Occurred()) return nullptr;
   const double scale = PyFloat_AsDouble(args[10]);
@@ -184,7 +187,7 @@ PyObject* decode_attention(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const auto rows = [](const at::Tensor& x) { return x.select(0, 0).transpose(0, 1); };
     const at::Tensor keys = rows(*t[1]), values = rows(*t[2]);
     return radixlm::paged_decode_attention(rows(*t[0]), *t[3], *t[4], *t[5], *t[6], *t[7], block_size, scale,
-                                           sliding_window, softcap, t[8], keys, values)
+                                           sliding_window, softcap, t[8], keys, values, key_scales, value_scales)
         .unsqueeze(0);
   });
 }
@@ -214,7 +217,7 @@ PyMethodDef methods[] = {
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
     {"decode_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(decode_attention)), METH_FASTCALL,
      "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
-     "slot_mapping, block_size, scale, sliding_window, softcap): one decode layer through "
+     "slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one decode layer through "
      "torch.ops.radixlm.paged_decode_attention, without the dispatcher"},
     {nullptr, nullptr, 0, nullptr},
 };

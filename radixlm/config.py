@@ -17,7 +17,7 @@ from radixlm.lora_config import LoRAConfig
 SchedulePolicy = Literal["fcfs", "priority", "lpm"]
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "int8")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf", "q4_0", "q4_1", "q8_0")
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
@@ -134,7 +134,8 @@ class CacheConfig:
     enable_prefix_caching: bool = field(default=True, metadata=_help(
         "reuse the K/V of shared prompt prefixes through the radix tree (--disable-radix-cache turns it off)"))
     kv_cache_dtype: str = field(default="auto", metadata=_help(
-        "KV cache storage: auto (the model dtype) or bfloat16 (half the bytes of float32; compute stays float32)"))
+        "KV cache storage: auto (the model dtype), bfloat16 (half the bytes of float32) or int8 (a float16 scale per "
+        "token and KV head: 1.9x bfloat16's tokens in the same memory); compute stays in the model dtype"))
     grammar_cache_bytes: str | int = field(default="512MiB", metadata=_help(
         "most bytes of compiled grammars (structured outputs, forced tool calls) kept for reuse, least recently "
         "used evicted first; a grammar larger than this is refused (400). Each data-parallel replica has its own"))

@@ -47,6 +47,7 @@ class SchedulerStats:
     kv_cache_usage: float  # fraction of KV blocks held by live requests, 0..1
     prefix_cache_usage: float  # fraction held only by the prefix cache (evictable), 0..1
     num_preemptions: int  # cumulative
+    kv_cache_capacity_tokens: int = 0  # tokens the KV cache holds (its blocks x block size)
     prefix_cache_hit_rate: float = 0.0  # cached / looked-up prompt tokens since start, 0..1
     num_evicted_blocks: int = 0  # cumulative
     num_used_blocks: int = 0  # KV blocks held by live requests: 0 when none is live, or blocks leaked
@@ -96,6 +97,9 @@ class EngineMetrics:
                                     "Fraction of KV cache blocks held by live requests (0..1).")
         self.kv_cache_used_blocks = gauge("radixlm:kv_cache_used_blocks",
                                           "KV cache blocks held by live requests (0 once none is live).")
+        self.kv_cache_capacity = gauge("radixlm:kv_cache_capacity_tokens",
+                                       "Tokens the KV cache holds: its blocks x block size (--kv-cache-dtype int8 "
+                                       "holds about 1.9x bfloat16's).")
         self.prefix_cache_usage = gauge("radixlm:prefix_cache_usage_perc",
                                         "Fraction of KV cache blocks held only by the prefix cache (evictable).")
         self.prompt_tokens = counter("radixlm:prompt_tokens", "Prompt tokens of the requests that started.")
@@ -172,6 +176,7 @@ class EngineMetrics:
         self.num_waiting.set(stats.num_waiting)
         self.kv_cache_usage.set(stats.kv_cache_usage)
         self.kv_cache_used_blocks.set(stats.num_used_blocks)
+        self.kv_cache_capacity.set(stats.kv_cache_capacity_tokens)
         self.prefix_cache_usage.set(stats.prefix_cache_usage)
         if stats.num_preemptions > self._num_preemptions_seen:
             self.preemptions.inc(stats.num_preemptions - self._num_preemptions_seen)

@@ -22,6 +22,8 @@ inline float load(const at::BFloat16* row, int64_t e) {
   return std::bit_cast<float>(wide);
 }
 
+inline float load(const int8_t* row, int64_t e) { return static_cast<float>(row[e]); }
+
 template <typename scalar_t>
 inline float dot(const float* __restrict q, const scalar_t* __restrict k, int64_t n) {
   float sum = 0.f;

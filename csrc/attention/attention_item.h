@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "attention_generic.h"
@@ -47,6 +48,25 @@ struct ItemState {
   }
 };
 
+// For an int8 cache: multiplies row r's scores (or, after the softmax, its weights) of each KV head h of the item by
+// the tile's per-position scales of that head, `scales` being the keys' (or the values'). The dot products ran on the
+// int8 values as they are, so this is the whole dequantization: q . (k * s) = (q . k) * s, and likewise
+// sum_i w_i (v_i * s_i) = sum_i (w_i * s_i) v_i. The running sum has already taken the unscaled weights.
+template <int64_t kD>
+void scale_tile(const ItemState& s, const at::Half* scales, int64_t r, const int64_t* rows, int64_t n) {
+  const int64_t d = kD > 0 ? kD : s.d;
+  float row_scale[kTile];
+  for (int64_t h = 0; h < s.num_kv; ++h) {
+    // rows[i] is the element offset of (slot, KV head h0): divided by D, the scale's index for head h0.
+    for (int64_t i = 0; i < n; ++i) row_scale[i] = radixlm_kv::scale_value(scales[rows[i] / d + h]);
+    for (int64_t j = r * s.per_row + h * s.rep; j < r * s.per_row + (h + 1) * s.rep; ++j) {
+      float* weights = s.scores + j * kTile;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) weights[i] *= row_scale[i];
+    }
+  }
+}
+
 // Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
 // holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
 template <typename scalar_t, int64_t kD>
@@ -64,6 +84,7 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
   } else {
     score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
   }
+  if constexpr (std::is_same_v<scalar_t, int8_t>) scale_tile<kD>(s, p.scales.keys, r, rows, n);
 #if RADIXLM_BUILD_AVX512
   if (d % 16 == 0) {
     if (p.softcap > 0.f) {
@@ -78,6 +99,7 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
   for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
     softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
   }
+  if constexpr (std::is_same_v<scalar_t, int8_t>) scale_tile<kD>(s, p.scales.values, r, rows, n);
   if constexpr (kD > 0 && kD % 16 == 0) {
     constexpr int64_t kC = kD / 16;
     for (int64_t h = 0; h < s.num_kv; ++h) {
@@ -148,7 +170,7 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
   const int64_t lead = stagger ? std::max<int64_t>(kTile, chunk / 2 / kTile * kTile) : chunk;
   int64_t offsets[kTile], next[kTile];  // element offsets of this tile's K/V rows (KV head h0) and the next's
   if (writes_row && !whole_rows) {
-    radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+    radixlm_kv::write_row(keys, values, p.scales, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
   }
   int64_t streamed = first;  // positions before this are in cache
   for (int64_t start = first; start < end; start += kTile) {
@@ -158,7 +180,7 @@ void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, 
       if (end - streamed < chunk / 4) streamed = end;  // a short remainder streams with this chunk
       stream_in(p, blocks, keys, values, start, streamed);
       if (writes_row && streamed == end) {
-        radixlm_kv::write_row(keys, values, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
+        radixlm_kv::write_row(keys, values, p.scales, *p.new_rows, b, h0, h1, p.num_kv_heads, p.head_dim);
       }
     }
     row_offsets(p, blocks, h0, start, n, offsets);

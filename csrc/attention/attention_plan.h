@@ -29,6 +29,8 @@ struct Problem {
   // heads, before they attend the slot; the others are written before any item starts.
   const radixlm_kv::NewRows* new_rows;
   const uint8_t* writes_own_row;
+  // An int8 cache's scales (kv_rows.h); null for float32 and bfloat16 caches.
+  radixlm_kv::Scales scales;
 };
 
 // A row's context is attended in splits of this many positions, cut at absolute positions (0, 512, ...), each a work

@@ -6,7 +6,8 @@
 // pairs when there are too few requests for the threads, spread over OpenMP threads; each K/V row is read once for
 // all the query heads and rows that share it (GQA, verification) and the softmax is computed online in one pass
 // over the context, tile by tile; contexts longer than kSplitPositions are cut at fixed positions into splits of
-// their own, merged after. Storage may be float32 or bfloat16; arithmetic is float32. The inner loops are plain C++
+// their own, merged after. Storage may be float32, bfloat16 or int8 (with a float16 scale per position and KV head,
+// applied to the tile's scores and weights: attention_item.h's scale_tile); arithmetic is float32. The inner loops are plain C++
 // (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
 //
 // Given the step's new K/V rows, the op writes them into the caches first (one call per layer instead of two): a
@@ -67,7 +68,7 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num
     writes_own_row = plan_writes(p, batch, num_blocks);
     for (int64_t b = 0; b < batch; ++b) {
       if (!writes_own_row[b]) {
-        radixlm_kv::write_row(keys, values, *p.new_rows, b, 0, p.num_kv_heads, p.num_kv_heads, p.head_dim);
+        radixlm_kv::write_row(keys, values, p.scales, *p.new_rows, b, 0, p.num_kv_heads, p.num_kv_heads, p.head_dim);
       }
     }
     p.writes_own_row = writes_own_row.data();
@@ -136,14 +137,11 @@ at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache,
                                   int64_t sliding_window, double softcap,
                                   const c10::optional<at::Tensor>& slot_mapping,
                                   const c10::optional<at::Tensor>& new_keys,
-                                  const c10::optional<at::Tensor>& new_values) {
+                                  const c10::optional<at::Tensor>& new_values,
+                                  const c10::optional<at::Tensor>& key_scales,
+                                  const c10::optional<at::Tensor>& value_scales) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query must be float32 [B, Hq, D]");
-  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes(),
-              "key/value caches must be [num_slots, Hkv, D] of one shape");
-  TORCH_CHECK(key_cache.scalar_type() == value_cache.scalar_type() &&
-                  (key_cache.scalar_type() == at::kFloat || key_cache.scalar_type() == at::kBFloat16),
-              "key/value caches must both be float32 or both bfloat16");
-  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous(), "key/value caches must be contiguous");
+  const radixlm_kv::Scales scales = radixlm_kv::check_caches(key_cache, value_cache, key_scales, value_scales);
   TORCH_CHECK(key_cache.size(2) == query.size(2), "head_dim of the query and the cache differ");
   TORCH_CHECK(query.size(2) > 0 && key_cache.size(1) > 0, "head_dim and the number of KV heads must be positive");
   const int64_t batch = query.size(0), num_heads = query.size(1), num_kv_heads = key_cache.size(1);
@@ -162,19 +160,21 @@ at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache,
   Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
             block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
             num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
-            static_cast<float>(softcap), nullptr, nullptr, nullptr, nullptr};
+            static_cast<float>(softcap), nullptr, nullptr, nullptr, nullptr, scales};
   radixlm_kv::NewRows rows{};
   TORCH_CHECK(slot_mapping.has_value() == new_keys.has_value() && new_keys.has_value() == new_values.has_value(),
               "slot_mapping, new_keys and new_values go together");
   if (slot_mapping.has_value()) {
-    rows = radixlm_kv::check_new_rows(key_cache, value_cache, *slot_mapping, *new_keys, *new_values);
+    rows = radixlm_kv::check_new_rows(key_cache, *slot_mapping, *new_keys, *new_values);
     TORCH_CHECK(slot_mapping->size(0) == batch, "one new K/V row per query row");
     p.new_rows = &rows;
   }
   if (key_cache.scalar_type() == at::kFloat) {
     dispatch_head_dim<float>(p, key_cache, value_cache, batch);
-  } else {
+  } else if (key_cache.scalar_type() == at::kBFloat16) {
     dispatch_head_dim<at::BFloat16>(p, key_cache, value_cache, batch);
+  } else {
+    dispatch_head_dim<int8_t>(p, key_cache, value_cache, batch);
   }
   return out;
 }

@@ -108,7 +108,7 @@ def _cmd_quality(args: argparse.Namespace) -> None:
     from radixlm.engine_args import engine_kwargs
 
     bench_quality(engine_kwargs(args), args.num_prompts, args.num_tokens, args.window,
-                  reference_model=args.reference_model)
+                  reference_model=args.reference_model, reference_kv_cache_dtype=args.reference_kv_cache_dtype)
 
 
 def add_bench_commands(commands: Any) -> None:
@@ -154,6 +154,9 @@ def add_bench_commands(commands: Any) -> None:
     quality.add_argument("--reference-model", default=None,
                          help="the float32 reference's model (default: --model), e.g. the default model against "
                               "its requantized GGUFs; it must share the tokenizer")
+    quality.add_argument("--reference-kv-cache-dtype", default=None,
+                         help="the reference's --kv-cache-dtype (default: the model dtype), e.g. int8 against "
+                              "bfloat16")
     add_engine_args(quality)
     quality.set_defaults(handler=_cmd_quality)
 

@@ -142,7 +142,7 @@ def _part_bandwidths(engine: LLMEngine) -> tuple[float, float]:
     """Bytes per second of one streaming read over the linear layers' weights, and of one over the KV cache."""
     weights = weight_tensors(engine.runner.model)
     cache = engine.runner.kv_cache
-    caches = [*cache.key_caches, *cache.value_caches]
+    caches = [*cache.key_caches, *cache.value_caches, *cache.key_scales, *cache.value_scales]
     return (sum(t.numel() * t.element_size() for t in weights) / read_seconds(weights, repeats=1),
             sum(t.numel() * t.element_size() for t in caches) / read_seconds(caches, repeats=1))
 
@@ -174,7 +174,7 @@ def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: boo
         raise RuntimeError(f"prefill did not settle: {len(lens)} requests with contexts {min(lens)}-{max(lens)}, "
                            f"expected {num_requests} of {context_len}-{longest}")
     cache = engine.runner.kv_cache
-    for caches in (cache.key_caches, cache.value_caches):
+    for caches in (cache.key_caches, cache.value_caches, cache.key_scales, cache.value_scales):
         for layer_cache in caches[1:]:
             layer_cache.copy_(caches[0])
 
@@ -187,7 +187,7 @@ def _abort_down_to(engine: LLMEngine, batch_size: int) -> None:
 
 def _kv_bytes_per_step(engine: LLMEngine) -> int:
     shape = engine.runner.shape
-    dtype = engine.runner.kv_cache.key_caches[0].dtype
+    dtype = engine.runner.kv_cache.dtype
     per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, dtype)
     return per_token * sum(r.num_computed_tokens + 1 for r in engine.scheduler.requests.values())
 

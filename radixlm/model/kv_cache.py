@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import psutil
 import torch
 
 from radixlm.config import parse_memory
+from radixlm.model.kv_int8 import SCALE_DTYPE
 
 logger = logging.getLogger(__name__)
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+    """2 (K and V) x layers x kv_heads x (head_dim x bytes per element, plus an int8 cache's float16 scale)."""
+    scale_bytes = SCALE_DTYPE.itemsize if dtype == torch.int8 else 0
+    return 2 * num_layers * num_kv_heads * (head_dim * dtype.itemsize + scale_bytes)
+
+
+class LayerCache(NamedTuple):
+    """One layer's K/V caches `[num_slots, Hkv, D]` and, for int8 caches, their scales `[num_slots, Hkv]` (float16,
+    see `radixlm.model.kv_int8`; None otherwise)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    key_scales: torch.Tensor | None
+    value_scales: torch.Tensor | None
 
 
 def num_blocks_for_budget(kv_cache_memory: float | str, bytes_per_block: int,
@@ -37,6 +50,8 @@ class PagedKVCache:
     """K and V for every layer as `[num_blocks * block_size, num_kv_heads, head_dim]` tensors.
 
     Token position `p` of a request lives at slot `block_table[p // block_size] * block_size + p % block_size`.
+    An int8 cache (`dtype` torch.int8) also holds `key_scales` / `value_scales`, `[num_slots, num_kv_heads]` float16
+    per layer (empty lists for the other dtypes).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -51,6 +66,9 @@ class PagedKVCache:
         # like a leak), and no page fault lands on a serving step.
         self.key_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.value_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        num_scaled = num_layers if dtype == torch.int8 else 0
+        self.key_scales = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_scaled)]
+        self.value_scales = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_scaled)]
         bytes_total = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype) * num_slots
         logger.info("KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%d bytes per token)",
                     num_blocks, block_size, num_slots, bytes_total / 2**20, bytes_total // num_slots)
@@ -59,9 +77,21 @@ class PagedKVCache:
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The caches' storage dtype."""
+        return self.key_caches[0].dtype
+
+    def layer(self, index: int) -> LayerCache:
+        """Layer `index`'s caches (and scales)."""
+        if self.key_scales:
+            return LayerCache(self.key_caches[index], self.value_caches[index], self.key_scales[index],
+                              self.value_scales[index])
+        return LayerCache(self.key_caches[index], self.value_caches[index], None, None)
+
     def copy_blocks(self, copies: Iterable[tuple[int, int, int]]) -> None:
         """Copy the first `num_tokens` slots of block `src` into block `dst`, in every layer (copy-on-write)."""
         for src, dst, num_tokens in copies:
             src_start, dst_start = src * self.block_size, dst * self.block_size
-            for cache in (*self.key_caches, *self.value_caches):
+            for cache in (*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales):
                 cache[dst_start:dst_start + num_tokens] = cache[src_start:src_start + num_tokens]

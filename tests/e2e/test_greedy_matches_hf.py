@@ -74,6 +74,33 @@ def test_bf16_kv_cache_runs_and_mostly_agrees(arch, backend, tiny_model_dir, ref
     assert sum(agreed) >= 0.5 * MAX_NEW * len(agreed), agreed
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_int8_kv_cache_runs_and_mostly_agrees(arch, backend, tiny_model_dir, references):
+    """An int8 cache quantizes K/V (a scale per token and KV head): greedy output may part from float32's, but
+    should agree on most leading tokens, as bfloat16's does."""
+    engine = build_engine(model=str(tiny_model_dir(arch)), attention_backend=backend, kv_cache_dtype="int8",
+                          num_kv_blocks=256, block_size=4)
+    assert engine.runner.kv_cache.dtype == torch.int8
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outputs = output_token_ids(engine, random_prompts(), params)
+    agreed = [next((i for i, (a, b) in enumerate(zip(out, ref, strict=True)) if a != b), MAX_NEW)
+              for out, ref in zip(outputs, references(arch), strict=True)]
+    print(f"{arch}/{backend} int8 KV: tokens agreeing before the first difference: {agreed}")
+    assert sum(agreed) >= 0.5 * MAX_NEW * len(agreed), agreed
+
+
+@pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
+def test_int8_kv_greedy_is_the_same_whatever_the_batching_chunking_or_preemption(tiny_model_dir):
+    """With the kernel every row reads its context back from the int8 cache, so a token's numbers do not depend on
+    how its prompt was chunked, batched or recomputed: every scenario gives the same tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    outputs = {name: output_token_ids(build_engine(model=str(tiny_model_dir("qwen2")), kv_cache_dtype="int8",
+                                                   **scenario), random_prompts(), params)
+               for name, scenario in SCENARIOS.items()}
+    assert outputs["chunked-prefill"] == outputs["all-at-once"] == outputs["preemption"]
+
+
 def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch):
     """bfloat16 linears prepacked for oneDNN (`radixlm.model.prepacked_linear`) change no token: the same engine with
     prepacking off gives the same greedy output."""

@@ -15,7 +15,7 @@ from radixlm.model.attention.cpp_backend import (
 )
 from radixlm.model.attention.kv_write import write_kv
 from radixlm.model.input_batch import InputBatch
-from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.kv_cache import LayerCache, PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
 
 pytestmark = pytest.mark.skipif(extension_error() is not None,
@@ -27,6 +27,18 @@ LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257, 600]
 
 class _Layer(torch.nn.Module):
     layer_idx = 0
+
+
+def _layer(caches: list[torch.Tensor]) -> LayerCache:
+    """A float layer's caches, [keys, values]."""
+    return LayerCache(caches[0], caches[1], None, None)
+
+
+def fill_random(cache: PagedKVCache) -> None:
+    """Every slot of layer 0 random (standard normal; an int8 cache quantizes it, scales and all)."""
+    layer = cache.layer(0)
+    rows = [torch.randn(layer.keys.shape) for _ in range(2)]
+    write_kv(layer, torch.arange(layer.keys.shape[0]), *rows)
 
 
 def _tables(kind: str, lengths: list[int], block_size: int, num_blocks: int, rng: random.Random) -> list[list[int]]:
@@ -54,8 +66,7 @@ def _run(lengths: list[int], tables: list[list[int]], num_heads: int, head_dim: 
     torch.manual_seed(0)
     num_blocks = 2 + max(max(t) for t in tables)  # the last one is the prefill's own
     cache = PagedKVCache(1, num_blocks, block_size, NUM_KV_HEADS, head_dim, kv_dtype)
-    cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
-    cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
+    fill_random(cache)
     chunks = [ScheduledChunk(f"r{i}", [1], n - 1, table, num_sampled=1)
               for i, (n, table) in enumerate(zip(lengths, tables, strict=True))]
     if prefill_first:  # decodes whose query rows do not start at 0
@@ -172,7 +183,7 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        outs = [paged_decode_attention(query, cache.key_caches[0], cache.value_caches[0],
+        outs = [paged_decode_attention(query, cache.layer(0),
                                        DecodeTables.build(tables, lengths, block_size), head_dim ** -0.5,
                                        sliding_window, None) for tables in (shared, separate)]
     finally:
@@ -185,7 +196,7 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
     key, value = torch.randn(2, 1, NUM_KV_HEADS, len(lengths), head_dim)
     cache.key_caches[0].index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))  # what the torch path writes
     cache.value_caches[0].index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
-    kernel = paged_decode_attention(query, cache.key_caches[0], cache.value_caches[0],
+    kernel = paged_decode_attention(query, cache.layer(0),
                                     DecodeTables.build(shared, lengths, block_size), head_dim ** -0.5,
                                     sliding_window, None)
     reference, _ = paged_attention(_Layer(), query.transpose(0, 1)[None], key, value, None,
@@ -227,10 +238,11 @@ def test_the_kernel_writes_new_rows_as_write_kv_does(requests, num_threads, kv_d
     torch.set_num_threads(num_threads)
     try:
         separate = [c.clone() for c in caches]
-        write_kv(*separate, slot_mapping, keys, values)
-        expected = paged_decode_attention(query, *separate, decode_tables, head_dim ** -0.5, sliding_window, None)
+        write_kv(_layer(separate), slot_mapping, keys, values)
+        expected = paged_decode_attention(query, _layer(separate), decode_tables, head_dim ** -0.5, sliding_window,
+                                          None)
         fused = [c.clone() for c in caches]
-        out = paged_decode_attention(query, *fused, decode_tables, head_dim ** -0.5, sliding_window, None,
+        out = paged_decode_attention(query, _layer(fused), decode_tables, head_dim ** -0.5, sliding_window, None,
                                      (slot_mapping, keys, values))
     finally:
         torch.set_num_threads(previous)
@@ -253,7 +265,7 @@ def test_a_long_context_gets_the_same_numbers_alone_or_in_a_batch(num_threads):
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        outs = [paged_decode_attention(query[:count], cache.key_caches[0], cache.value_caches[0],
+        outs = [paged_decode_attention(query[:count], cache.layer(0),
                                        DecodeTables.build(tables[:count], lengths[:count], block_size),
                                        head_dim ** -0.5, None, None) for count in (1, len(lengths))]
     finally:
@@ -299,9 +311,9 @@ def test_rows_that_share_blocks_out_of_order_are_written_before_they_are_read():
     torch.set_num_threads(1)
     try:
         separate = [c.clone() for c in caches]
-        write_kv(*separate, slots, keys, values)
-        expected = paged_decode_attention(query, *separate, tables, 0.125, None, None)
-        out = paged_decode_attention(query, *caches, tables, 0.125, None, None, (slots, keys, values))
+        write_kv(_layer(separate), slots, keys, values)
+        expected = paged_decode_attention(query, _layer(separate), tables, 0.125, None, None)
+        out = paged_decode_attention(query, _layer(caches), tables, 0.125, None, None, (slots, keys, values))
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(out, expected)
@@ -313,7 +325,7 @@ def test_a_nan_query_gives_a_nan_row_and_spares_the_others():
     query = torch.randn(3, 3 * NUM_KV_HEADS, head_dim)
     query[1, 0, 5] = float("nan")
     tables = DecodeTables.build([[0, 1], [2, 3], [4, 5]], [20, 32, 7], block_size)
-    out = paged_decode_attention(query, *caches, tables, 0.125, None, None)
+    out = paged_decode_attention(query, _layer(caches), tables, 0.125, None, None)
     assert out[1, 0].isnan().all()  # as SDPA: a NaN query's head comes out NaN
     assert not out[1, 1:].isnan().any() and not out[0].isnan().any() and not out[2].isnan().any()
 
@@ -350,18 +362,19 @@ def test_the_direct_decode_layer_gets_what_the_op_gets(sliding_window, softcap):
     key, value = torch.randn(2, 1, len(lengths), NUM_KV_HEADS, head_dim).transpose(2, 3)
     decode_tables = DecodeTables.build(tables, lengths, block_size)
     separate = [c.clone() for c in caches]
-    write_kv(*separate, slots, key[0].transpose(0, 1), value[0].transpose(0, 1))
-    expected = paged_decode_attention(query[0].transpose(0, 1), *separate, decode_tables, 0.125, sliding_window,
+    write_kv(_layer(separate), slots, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    expected = paged_decode_attention(query[0].transpose(0, 1), _layer(separate), decode_tables, 0.125, sliding_window,
                                       softcap)
     with torch.no_grad():
-        out = decode_layer(query, key, value, *caches, decode_tables, slots, 0.125, sliding_window, softcap)
+        out = decode_layer(query, key, value, _layer(caches), decode_tables, slots, 0.125, sliding_window, softcap)
     assert out is not None and out.shape == (1, len(lengths), rep * NUM_KV_HEADS, head_dim)
     assert torch.equal(out[0], expected)
     assert torch.equal(caches[0], separate[0]) and torch.equal(caches[1], separate[1])
     # Where the direct call does not apply, the caller takes the general path.
-    assert decode_layer(query, key, value, *caches, decode_tables, slots, 0.125, None, None) is None  # grad on
+    assert decode_layer(query, key, value, _layer(caches), decode_tables, slots, 0.125, None, None) is None  # grad on
     with torch.no_grad():
-        assert decode_layer(query.bfloat16(), key, value, *caches, decode_tables, slots, 0.125, None, None) is None
+        assert decode_layer(query.bfloat16(), key, value, _layer(caches), decode_tables, slots, 0.125, None,
+                            None) is None
 
 
 def test_the_direct_entry_rejects_bad_arguments():
@@ -369,9 +382,10 @@ def test_the_direct_entry_rejects_bad_arguments():
     query, rows = torch.zeros(1, 2, 1, 64), torch.zeros(1, 2, 1, 64)
     cache = torch.zeros(64, 2, 64)
     table, one = torch.tensor([0], dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    args = [query, rows, rows, cache, cache.clone(), table, table, one, torch.tensor([0]), 16, 0.1, 0, 0.0]
+    args = [query, rows, rows, cache, cache.clone(), table, table, one, torch.tensor([0]), 16, 0.1, 0, 0.0, None,
+            None]
     assert direct(*args).shape == (1, 1, 2, 64)
-    with pytest.raises(TypeError, match="takes 13 arguments"):
+    with pytest.raises(TypeError, match="takes 15 arguments"):
         direct(*args[:-1])
     with pytest.raises(TypeError, match="must be a tensor"):
         direct(*args[:8], None, *args[9:])
@@ -431,7 +445,7 @@ def test_write_kv_matches_index_copy(kv_dtype):
     expected_keys.index_copy_(0, slots, keys.to(kv_dtype))
     expected_values.index_copy_(0, slots, values.to(kv_dtype))
     key_cache, value_cache = caches[1][0].copy_(caches[0][0]), caches[1][1].copy_(caches[0][1])
-    write_kv(key_cache, value_cache, slots, keys, values)
+    write_kv(LayerCache(key_cache, value_cache, None, None), slots, keys, values)
     assert torch.equal(key_cache, expected_keys) and torch.equal(value_cache, expected_values)
 
 

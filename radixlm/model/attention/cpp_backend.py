@@ -8,7 +8,7 @@ writes the step's new K/V itself (one call per layer instead of two). It is a re
 kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 layers take its direct entry
 point instead (`decode_layer`), without the dispatcher.
 
-bfloat16 models (bfloat16 queries over bfloat16 caches) split the step (`PrefillSplit`): decode rows stay on the
+bfloat16 models (bfloat16 queries over bfloat16 or int8 caches) split the step (`PrefillSplit`): decode rows stay on the
 kernel, and each prefill chunk attends through PyTorch's SDPA (its CPU flash attention, AMX-BF16 tiles where the
 CPU has them), as the torch backend does it: 5.3x faster per layer for a 2,000-token prompt on a Xeon with AMX
 (7.4 against 39.4 ms, 9 query heads of 64). There a prompt's numbers may depend on its chunking, as bfloat16
@@ -25,11 +25,13 @@ import torch
 
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.kv_write import kernel_takes_rows, write_kv
-from radixlm.model.attention.torch_backend import PrefillSegment, attend_prefill
+from radixlm.model.attention.torch_backend import PrefillSegment, attend_prefill, reads_cache
 from radixlm.model.device import to_device
-from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.kv_cache import LayerCache, PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
 
+# Caches whose bfloat16 forwards split the step (see `PrefillSplit`): float32 ones keep every row on the kernel.
+_SPLIT_DTYPES = (torch.bfloat16, torch.int8)
 # A step's new K/V: (slot_mapping `[T]` int64, keys `[T, Hkv, D]`, values `[T, Hkv, D]`), rows in query order.
 NewRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -95,7 +97,8 @@ class CppAttentionMetadata(AttentionMetadata):
 
 
 class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
-    """Every row of the forward attends as a decode, in one C++ call per layer (CPU, float32 or bfloat16 caches)."""
+    """Every row of the forward attends as a decode, in one C++ call per layer (CPU; float32, bfloat16 or int8
+    caches)."""
 
     name = "cpp"
     runs_cpp_kernels = True
@@ -109,7 +112,7 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
     def build_metadata(self, chunks: Sequence[ChunkRows], kv_cache: PagedKVCache,
                        slot_mapping: torch.Tensor) -> CppAttentionMetadata:
         split = None
-        if kv_cache.key_caches[0].dtype == torch.bfloat16 and any(c.num_tokens != c.num_sampled for c in chunks):
+        if kv_cache.dtype in _SPLIT_DTYPES and any(c.num_tokens != c.num_sampled for c in chunks):
             split = _split(chunks, kv_cache)
         metadata = CppAttentionMetadata(self, kv_cache, slot_mapping, chunks, split)
         if split is None:
@@ -119,23 +122,21 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
     def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 metadata: CppAttentionMetadata, scaling: float | None, sliding_window: int | None,
                 softcap: float | None) -> torch.Tensor:
-        key_cache = metadata.kv_cache.key_caches[layer]
-        value_cache = metadata.kv_cache.value_caches[layer]
+        caches = metadata.kv_cache.layer(layer)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if metadata.split is not None and query.dtype == torch.bfloat16:
-            return _forward_split(query, key, value, key_cache, value_cache, metadata, scale, sliding_window, softcap)
-        out = decode_layer(query, key, value, key_cache, value_cache, metadata.tables, metadata.slot_mapping, scale,
-                           sliding_window, softcap)
+            return _forward_split(query, key, value, caches, metadata, scale, sliding_window, softcap)
+        out = decode_layer(query, key, value, caches, metadata.tables, metadata.slot_mapping, scale, sliding_window,
+                           softcap)
         if out is not None:
             return out
         new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
         rows = query[0].transpose(0, 1)  # [T, Hq, D]
         new_rows: NewRows | None = (metadata.slot_mapping, new_keys, new_values)
         if not kernel_takes_rows(new_keys, new_values):
-            write_kv(key_cache, value_cache, metadata.slot_mapping, new_keys, new_values)
+            write_kv(caches, metadata.slot_mapping, new_keys, new_values)
             new_rows = None
-        return paged_decode_attention(rows, key_cache, value_cache, metadata.tables, scale, sliding_window, softcap,
-                                      new_rows)[None]
+        return paged_decode_attention(rows, caches, metadata.tables, scale, sliding_window, softcap, new_rows)[None]
 
 
 def _split(chunks: Sequence[ChunkRows], kv_cache: PagedKVCache) -> PrefillSplit:
@@ -152,52 +153,53 @@ def _split(chunks: Sequence[ChunkRows], kv_cache: PagedKVCache) -> PrefillSplit:
         context = chunk.context_slots
         context = context if isinstance(context, slice) else to_device(context, kv_cache.device)
         prefills.append(PrefillSegment(start=chunk.first_row, num_queries=chunk.num_tokens,
-                                       context_slots=context if chunk.start_position > 0 else None,
+                                       context_slots=context if reads_cache(chunk, kv_cache) else None,
                                        context_len=chunk.context_len, device=kv_cache.device))
     if not rows:
         return PrefillSplit(None, None, prefills)
     return PrefillSplit(torch.tensor(rows), DecodeTables.build(tables, lens, kv_cache.block_size), prefills)
 
 
-def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                   value_cache: torch.Tensor, metadata: CppAttentionMetadata, scale: float,
-                   sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caches: LayerCache,
+                   metadata: CppAttentionMetadata, scale: float, sliding_window: int | None,
+                   softcap: float | None) -> torch.Tensor:
     """A bfloat16 layer: every new K/V written, decode rows through the kernel, prefill chunks through SDPA."""
     split = metadata.split
     assert split is not None
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
-    write_kv(key_cache, value_cache, metadata.slot_mapping, new_keys, new_values)
+    write_kv(caches, metadata.slot_mapping, new_keys, new_values)
     queries = query[0]  # [Hq, T, D]
     output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
     if split.decode_rows is not None and split.decode_tables is not None:
         rows = queries.transpose(0, 1).index_select(0, split.decode_rows)
-        output[split.decode_rows] = paged_decode_attention(rows, key_cache, value_cache, split.decode_tables, scale,
-                                                           sliding_window, softcap)
+        output[split.decode_rows] = paged_decode_attention(rows, caches, split.decode_tables, scale, sliding_window,
+                                                           softcap)
     for segment in split.prefills:
-        attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scale,
-                       sliding_window, softcap)
+        attend_prefill(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
     return output[None]
 
 
-def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                 value_cache: torch.Tensor, tables: DecodeTables, slot_mapping: torch.Tensor, scale: float,
-                 sliding_window: int | None, softcap: float | None) -> torch.Tensor | None:
+def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caches: LayerCache,
+                 tables: DecodeTables, slot_mapping: torch.Tensor, scale: float, sliding_window: int | None,
+                 softcap: float | None) -> torch.Tensor | None:
     """One attention layer in one C++ call from the tensors transformers passes: query `[1, Hq, T, D]` and the new
     key/value `[1, Hkv, T, D]` -> `[1, T, Hq, D]`, the new K/V written at `slot_mapping` first. It takes the direct
     entry point (`radixlm._C.decode_attention`: the op without the dispatcher, and the views taken in C++; about 7 us
     a layer less) for float32 CPU tensors without autograd; None otherwise, and the caller goes the general way."""
-    if (query.dtype != torch.float32 or not kernel_takes_rows(key, value) or key_cache.device.type != "cpu"
+    if (query.dtype != torch.float32 or not kernel_takes_rows(key, value) or caches.keys.device.type != "cpu"
             or torch.is_grad_enabled()):
         return None
-    return direct_kernel("decode_attention")(query, key, value, key_cache, value_cache, tables.block_table,
+    return direct_kernel("decode_attention")(query, key, value, caches.keys, caches.values, tables.block_table,
                                              tables.block_offsets, tables.context_lens, slot_mapping,
-                                             tables.block_size, scale, sliding_window or 0, softcap or 0.0)
+                                             tables.block_size, scale, sliding_window or 0, softcap or 0.0,
+                                             caches.key_scales, caches.value_scales)
 
 
-def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           tables: DecodeTables, scale: float, sliding_window: int | None,
-                           softcap: float | None, new_rows: NewRows | None = None) -> torch.Tensor:
-    """query `[B, Hq, D]` (any float dtype) over caches `[num_slots, Hkv, D]` (float32 or bfloat16) -> `[B, Hq, D]`
+def paged_decode_attention(query: torch.Tensor, caches: LayerCache, tables: DecodeTables, scale: float,
+                           sliding_window: int | None, softcap: float | None,
+                           new_rows: NewRows | None = None) -> torch.Tensor:
+    """query `[B, Hq, D]` (any float dtype) over one layer's caches `[num_slots, Hkv, D]` (float32, bfloat16 or int8
+    with its scales) -> `[B, Hq, D]`
     in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
     soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32. With `new_rows`
     (one per query row, float32) the kernel first writes them into the caches, as `write_kv` would."""
@@ -206,6 +208,7 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
         raise RuntimeError(f"radixlm._C is not built: {error}")
     slot_mapping, new_keys, new_values = new_rows if new_rows is not None else (None, None, None)
     out = torch.ops.radixlm.paged_decode_attention(
-        query.float(), key_cache, value_cache, tables.block_table, tables.block_offsets, tables.context_lens,
-        tables.block_size, scale, sliding_window or 0, softcap or 0.0, slot_mapping, new_keys, new_values)
+        query.float(), caches.keys, caches.values, tables.block_table, tables.block_offsets, tables.context_lens,
+        tables.block_size, scale, sliding_window or 0, softcap or 0.0, slot_mapping, new_keys, new_values,
+        caches.key_scales, caches.value_scales)
     return out.to(query.dtype)

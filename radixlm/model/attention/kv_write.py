@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.model.kv_cache import LayerCache
+from radixlm.model.kv_int8 import quantize_rows
 from radixlm.model.ops import extension_error
 
 
@@ -12,13 +14,20 @@ def kernel_takes_rows(keys: torch.Tensor, values: torch.Tensor) -> bool:
     return all(rows.dtype == torch.float32 and rows.stride(-1) == 1 for rows in (keys, values))
 
 
-def write_kv(key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor, keys: torch.Tensor,
-             values: torch.Tensor) -> None:
-    """`key_cache[slot_mapping[t]] = keys[t]` and likewise for the values (`[T, Hkv, D]` rows, any strides), in the
-    caches' dtype. On CPU with the extension one C++ call does both (index_copy_ paid about 6-30 us of set-up per
-    call, twice per layer); elsewhere `index_copy_`, the reference, does it."""
-    if key_cache.device.type == "cpu" and kernel_takes_rows(keys, values) and extension_error() is None:
-        torch.ops.radixlm.write_kv(key_cache, value_cache, slot_mapping, keys, values)
+def write_kv(layer: LayerCache, slot_mapping: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """`layer.keys[slot_mapping[t]] = keys[t]` and likewise for the values (`[T, Hkv, D]` rows, any strides), in the
+    caches' dtype (int8 caches: quantized, their scales written too). On CPU with the extension one C++ call does
+    both (index_copy_ paid about 6-30 us of set-up per call, twice per layer); elsewhere `index_copy_`, the
+    reference, does it."""
+    if layer.keys.device.type == "cpu" and kernel_takes_rows(keys, values) and extension_error() is None:
+        torch.ops.radixlm.write_kv(layer.keys, layer.values, slot_mapping, keys, values, layer.key_scales,
+                                   layer.value_scales)
         return
-    key_cache.index_copy_(0, slot_mapping, keys.to(key_cache.dtype))
-    value_cache.index_copy_(0, slot_mapping, values.to(value_cache.dtype))
+    if layer.key_scales is None or layer.value_scales is None:
+        layer.keys.index_copy_(0, slot_mapping, keys.to(layer.keys.dtype))
+        layer.values.index_copy_(0, slot_mapping, values.to(layer.values.dtype))
+        return
+    for cache, scales, rows in ((layer.keys, layer.key_scales, keys), (layer.values, layer.value_scales, values)):
+        quantized, row_scales = quantize_rows(rows)
+        cache.index_copy_(0, slot_mapping, quantized)
+        scales.index_copy_(0, slot_mapping, row_scales)

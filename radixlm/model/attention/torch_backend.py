@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.kv_write import write_kv
 from radixlm.model.device import to_device
-from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.kv_cache import LayerCache, PagedKVCache
+from radixlm.model.kv_int8 import dequantize_rows
 
 _HOST = torch.device("cpu")
 
@@ -117,8 +118,8 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
                 contexts.append(context)
             else:
                 prefills.append(PrefillSegment(start=chunk.first_row, num_queries=chunk.num_tokens,
-                                               context_slots=context if start > 0 else None, context_len=context_len,
-                                               device=device))
+                                               context_slots=context if reads_cache(chunk, kv_cache) else None,
+                                               context_len=context_len, device=device))
         decode = DecodeGroup(query_rows=to_device(torch.tensor(rows), device), context_lens=lens, contexts=contexts,
                              rows_are_prefix=rows == list(range(len(rows)))) if rows else None
         return TorchAttentionMetadata(self, kv_cache, slot_mapping, decode, prefills)
@@ -126,19 +127,23 @@ class TorchAttentionBackend(AttentionBackend[TorchAttentionMetadata]):
     def forward(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 metadata: TorchAttentionMetadata, scaling: float | None, sliding_window: int | None,
                 softcap: float | None) -> torch.Tensor:
-        key_cache = metadata.kv_cache.key_caches[layer]
-        value_cache = metadata.kv_cache.value_caches[layer]
+        caches = metadata.kv_cache.layer(layer)
         new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
         queries = query[0]  # [Hq, T, D]
-        write_kv(key_cache, value_cache, metadata.slot_mapping, new_keys, new_values)
+        write_kv(caches, metadata.slot_mapping, new_keys, new_values)
         output = query.new_empty(queries.shape[1], queries.shape[0], queries.shape[2])  # [T, Hq, D]
         if metadata.decode is not None:
-            _attend_decodes(queries, key_cache, value_cache, metadata.decode, output, scaling, sliding_window,
-                            softcap)
+            _attend_decodes(queries, caches, metadata.decode, output, scaling, sliding_window, softcap)
         for segment in metadata.prefills:
-            attend_prefill(queries, new_keys, new_values, key_cache, value_cache, segment, output, scaling,
-                            sliding_window, softcap)
+            attend_prefill(queries, new_keys, new_values, caches, segment, output, scaling, sliding_window, softcap)
         return output[None]
+
+
+def reads_cache(chunk: ChunkRows, kv_cache: PagedKVCache) -> bool:
+    """Whether a prefill chunk attends K/V read back from the cache rather than its fresh ones: when it continues a
+    context, and always over an int8 cache, so that a token's numbers do not depend on whether its prompt was one
+    chunk (every later chunk and decode reads the quantized K/V)."""
+    return chunk.start_position > 0 or kv_cache.dtype == torch.int8
 
 
 def _prefix(context: slice | torch.Tensor, length: int) -> slice | torch.Tensor:
@@ -146,21 +151,20 @@ def _prefix(context: slice | torch.Tensor, length: int) -> slice | torch.Tensor:
     return slice(context.start, context.start + length) if isinstance(context, slice) else context[:length]
 
 
-def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                    group: DecodeGroup, output: torch.Tensor, scaling: float | None, sliding_window: int | None,
-                    softcap: float | None) -> None:
+def _attend_decodes(queries: torch.Tensor, caches: LayerCache, group: DecodeGroup, output: torch.Tensor,
+                    scaling: float | None, sliding_window: int | None, softcap: float | None) -> None:
     """One SDPA call per request over exactly its context: on CPU this beats one padded batched call, whose
     gathered padding costs more memory traffic than the per-call overhead."""
     num_heads, _, head_dim = queries.shape
-    num_kv_heads = key_cache.shape[1]
+    num_kv_heads = caches.keys.shape[1]
     batch = len(group.context_lens)
     q = queries[:, :batch] if group.rows_are_prefix else queries.index_select(1, group.query_rows)
     # Fold the query heads that share a KV head into the "sequence" axis: [B, Hkv, rep, D].
     q = q.transpose(0, 1).reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     outs = []
     for index, where in enumerate(group.all_slots(sliding_window)):
-        keys = _read(key_cache, where, q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
-        values = _read(value_cache, where, q.dtype).transpose(0, 1)[None]
+        keys = _read(caches.keys, caches.key_scales, where, q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
+        values = _read(caches.values, caches.value_scales, where, q.dtype).transpose(0, 1)[None]
         outs.append(_attention(q[index:index + 1], keys, values, None, scaling, softcap, causal=False))
     out = torch.cat(outs).reshape(batch, num_heads, head_dim)
     if group.rows_are_prefix:
@@ -169,18 +173,17 @@ def _attend_decodes(queries: torch.Tensor, key_cache: torch.Tensor, value_cache:
         output[group.query_rows] = out
 
 
-def attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,
-                   key_cache: torch.Tensor, value_cache: torch.Tensor, segment: PrefillSegment,
-                   output: torch.Tensor, scaling: float | None, sliding_window: int | None,
+def attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor, caches: LayerCache,
+                   segment: PrefillSegment, output: torch.Tensor, scaling: float | None, sliding_window: int | None,
                    softcap: float | None) -> None:
     """One prefill chunk's rows of `output` (`[T, Hq, D]`) through SDPA over its context: the chunk's fresh K/V
-    when it is the whole context, else the cache (its new K/V already written)."""
+    when it is the whole context (`segment.context_slots` None), else the cache (its new K/V already written)."""
     rows = slice(segment.start, segment.start + segment.num_queries)
     if segment.context_slots is None:  # the chunk is the whole context: use the fresh K/V directly
         keys, values = new_keys[rows], new_values[rows]
     else:
-        keys = _read(key_cache, segment.context_slots, queries.dtype)
-        values = _read(value_cache, segment.context_slots, queries.dtype)
+        keys = _read(caches.keys, caches.key_scales, segment.context_slots, queries.dtype)
+        values = _read(caches.values, caches.value_scales, segment.context_slots, queries.dtype)
     q = queries[:, rows][None]  # [1, Hq, q, D]
     mask = segment.mask(sliding_window)
     out = _attention(q, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask, scaling, softcap,
@@ -188,10 +191,14 @@ def attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: to
     output[rows] = out[0].transpose(0, 1)
 
 
-def _read(cache: torch.Tensor, where: torch.Tensor | slice, dtype: torch.dtype) -> torch.Tensor:
-    """The cache rows of a context in `dtype`: a view for a contiguous run of slots of that dtype, else a copy."""
+def _read(cache: torch.Tensor, scales: torch.Tensor | None, where: torch.Tensor | slice,
+          dtype: torch.dtype) -> torch.Tensor:
+    """The cache rows of a context in `dtype` (int8 ones dequantized with their `scales`): a view for a contiguous
+    run of slots of that dtype, else a copy."""
     rows = cache[where] if isinstance(where, slice) else cache.index_select(0, where)
-    return rows.to(dtype)
+    if scales is None:
+        return rows.to(dtype)
+    return dequantize_rows(rows, scales[where] if isinstance(where, slice) else scales.index_select(0, where), dtype)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
