@@ -136,6 +136,10 @@ class CacheConfig:
     kv_cache_dtype: str = field(default="auto", metadata=_help(
         "KV cache storage: auto (the model dtype), bfloat16 (half the bytes of float32) or int8 (a float16 scale per "
         "token and KV head: 1.9x bfloat16's tokens in the same memory); compute stays in the model dtype"))
+    kv_offload_memory: float | str = field(default=0, metadata=_help(
+        "host tier under the radix tree: KV blocks it evicts are copied to this much host memory (bytes, or a "
+        "fraction of free memory after the KV cache) instead of being dropped, and loaded back when a prompt "
+        "reaches them; 0 turns it off. Needs prefix caching"))
     grammar_cache_bytes: str | int = field(default="512MiB", metadata=_help(
         "most bytes of compiled grammars (structured outputs, forced tool calls) kept for reuse, least recently "
         "used evicted first; a grammar larger than this is refused (400). Each data-parallel replica has its own"))
@@ -146,6 +150,8 @@ class CacheConfig:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
         parse_memory(self.kv_cache_memory)
+        if self.kv_offload_memory != 0:
+            parse_memory(self.kv_offload_memory, "kv_offload_memory")
         parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -199,6 +199,10 @@ class EngineMetrics:
                 self.spec_accepted_per_pos.labels(*self._label_values, str(position)).inc(delta)
         self._spec_seen = stats
 
+    def watch(self, samples: Callable[[], list[ScrapeSample]]) -> None:
+        """Expose what `samples()` reads each time `/metrics` is rendered (state the engine keeps elsewhere)."""
+        read_on_scrape(self.registry, dict(zip(self._label_names, self._label_values, strict=True)), samples)
+
     def watch_grammar_cache(self, stats: Callable[[], GrammarCacheStats]) -> None:
         """Expose the grammar compile cache, read when `/metrics` is rendered (it changes off the step loop)."""
         def samples() -> list[ScrapeSample]:
@@ -212,7 +216,7 @@ class EngineMetrics:
                     ScrapeSample("counter", "radixlm:grammar_cache_evictions",
                                  "Compiled grammars evicted to fit the budget.", held.num_evictions)]
 
-        read_on_scrape(self.registry, dict(zip(self._label_names, self._label_values, strict=True)), samples)
+        self.watch(samples)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -6,7 +6,9 @@ prompts with exact lengths; `multi-turn` sessions (`num_users` of them, `num_rou
 history (earlier questions and the model's real answers) grows every turn, so the chat template's prefix is shared
 across turns as it is in real traffic. `grounded` sessions ask the model to repeat a passage of real text given in
 the prompt (about 300 tokens from `data/public_domain.txt`): an input-grounded task, where speculative decoding's
-n-gram drafts find their matches.
+n-gram drafts find their matches. `prefix-revisit` is `shared-prefix` with each prefix's questions spread over the
+run (round-robin over the prefixes): a prefix comes back only after all the others have passed, which is what a
+cache tier below device memory is for when the prefixes together exceed the KV cache (`--kv-offload-memory`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from radixlm.bench.workload import non_special_ids, random_requests
 
-WORKLOADS = ("random", "shared-prefix", "multi-turn", "grounded")
+WORKLOADS = ("random", "shared-prefix", "prefix-revisit", "multi-turn", "grounded")
 TEXT_PATH = Path(__file__).parent / "data" / "public_domain.txt"
 PASSAGE_TOKENS = 300
 QUESTIONS_PER_PREFIX = 8
@@ -66,13 +68,15 @@ def build_sessions(name: str, tokenizer: PreTrainedTokenizerBase, spec: Workload
     if name == "random":
         requests = random_requests(tokenizer, spec.num_prompts, spec.input_len, spec.output_len, spec.seed)
         return [Session([r.prompt_token_ids], [r.output_len]) for r in requests]
-    if name == "shared-prefix":
-        sessions = []
+    if name in ("shared-prefix", "prefix-revisit"):
+        groups = []
         for _ in range(max(1, spec.num_prompts // QUESTIONS_PER_PREFIX)):
             prefix = tokens(spec.prefix_len)
-            sessions += [Session([prefix + tokens(QUESTION_LEN)], [output_len()])
-                         for _ in range(QUESTIONS_PER_PREFIX)]
-        return sessions
+            groups.append([Session([prefix + tokens(QUESTION_LEN)], [output_len()])
+                           for _ in range(QUESTIONS_PER_PREFIX)])
+        if name == "prefix-revisit":  # question k of every prefix, then question k + 1 of every prefix, ...
+            return [group[k] for k in range(QUESTIONS_PER_PREFIX) for group in groups]
+        return [session for group in groups for session in group]
     if name == "multi-turn":
         sessions = []
         num_users = spec.num_users or max(1, spec.num_prompts // spec.num_rounds)

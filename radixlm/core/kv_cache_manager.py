@@ -5,7 +5,9 @@ starts from its longest cached prefix: full blocks are shared (ref counts), a ma
 fresh block holding a copy of the matched part (copy-on-write, token-granular hits). Computed tokens go into the
 radix tree after each prefill chunk and when the request ends (finished, aborted or preempted), so the next turn or
 the resumed request hits. When the pool runs short, unlocked least-recently-used tree leaves are evicted before
-the caller has to preempt anyone.
+the caller has to preempt anyone. With a host tier (`num_host_blocks`), what the tree evicts is offloaded to host
+memory and prompts that reach it load it back (`radixlm.core.kv_offload`): `take_transfers` hands each step's copies
+to the worker.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixlm.core.block_pool import BlockPool, cdiv
+from radixlm.core.host_tier import HostTier, KVTransfers
+from radixlm.core.kv_offload import KVOffload
 from radixlm.core.radix_cache import PrefixMatch, RadixCache, RadixNode
 from radixlm.request import Request
 
@@ -36,10 +40,14 @@ class PrefixCacheStats:
 class KVCacheManager:
     """Owns the block pool and (optionally) the radix tree over it."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 num_host_blocks: int = 0) -> None:
+        """`num_host_blocks` > 0 (with prefix caching): a host tier of that many blocks under the tree."""
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
         self.radix_cache = RadixCache(self.block_pool, block_size) if enable_prefix_caching else None
+        self.offload = (KVOffload(self.radix_cache, self.block_pool, HostTier(num_host_blocks), self._allocate_blocks)
+                        if num_host_blocks > 0 and self.radix_cache is not None else None)
         self.stats = PrefixCacheStats()
         self._locked_nodes: dict[str, RadixNode] = {}  # request id -> the tree node its blocks are locked under
 
@@ -97,7 +105,14 @@ class KVCacheManager:
         compute, so the request still gets logits). None when caching is off."""
         if self.radix_cache is None:
             return None
-        return self.radix_cache.match_prefix(request.all_token_ids[:request.num_tokens - 1], request.lora_id)
+        token_ids = request.all_token_ids[:request.num_tokens - 1]
+        if self.offload is not None:
+            self.offload.promote(token_ids, request.lora_id)
+        return self.radix_cache.match_prefix(token_ids, request.lora_id)
+
+    def take_transfers(self) -> KVTransfers | None:
+        """The host-tier copies the step being handed to the worker applies before its forward (None: none)."""
+        return self.offload.take_transfers() if self.offload is not None else None
 
     def cached_prefix_length(self, request: Request) -> int:
         """Like `match_prefix(...).num_tokens`, without touching the tree (for ordering waiting requests)."""
@@ -177,12 +192,23 @@ class KVCacheManager:
     def drop_namespace(self, lora_id: int) -> int:
         """Forget the cached prefixes of an unloaded LoRA adapter (no request of it may be running); returns the
         blocks freed."""
+        if self.offload is not None:
+            self.offload.host.drop_namespace(lora_id)
         return self.radix_cache.remove_namespace(lora_id) if self.radix_cache is not None else 0
 
     def reset_prefix_cache(self) -> None:
-        """Evict every unlocked tree node (all of them when no request is live)."""
-        if self.radix_cache is not None:
+        """Evict every unlocked tree node (all of them when no request is live), and empty the host tier."""
+        if self.radix_cache is None:
+            return
+        if self.offload is None:
             self.radix_cache.reset()
+            return
+        self.offload.enabled = False  # dropped, not offloaded
+        try:
+            self.radix_cache.reset()
+        finally:
+            self.offload.enabled = True
+        self.offload.host.clear()
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> list[tuple[int, int, int]]:
         """Give `child` (holding no blocks) the K/V of `parent`'s first `num_tokens` positions (n > 1 sampling).
@@ -208,6 +234,8 @@ class KVCacheManager:
     def check_invariants(self, live_requests: Iterable[Request]) -> None:
         """Pool and tree consistency; every block's ref count equals its holders (live requests + tree nodes)."""
         self.block_pool.check_invariants()
+        if self.offload is not None:
+            self.offload.host.check_invariants()
         holders = [0] * self.block_pool.num_blocks
         if self.radix_cache is not None:
             self.radix_cache.check_invariants()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from radixlm.core.block_pool import BlockPool, cdiv
@@ -77,6 +77,9 @@ class RadixCache:
         self.root = RadixNode([], 0, [], None)  # namespace 0's: the base model
         self.root.lock_ref = 1  # never evicted
         self._roots: dict[int, RadixNode] = {0: self.root}
+        self._namespaces: dict[int, int] = {id(self.root): 0}  # id(root) -> its namespace
+        # Called with each leaf `evict` is about to drop, while its blocks are still its own (the host tier's hook).
+        self.on_evict: Callable[[RadixNode], None] | None = None
         self._clock = itertools.count(1)
         self.num_evicted_blocks = 0
         self.num_nodes = 0  # below the root
@@ -103,6 +106,7 @@ class RadixCache:
         if root is None:
             root = self._roots[namespace] = RadixNode([], 0, [], None)
             root.lock_ref = 1
+            self._namespaces[id(root)] = namespace
         return root
 
     def _walk(self, token_ids: list[int], split: bool, namespace: int = 0) -> tuple[RadixNode, int]:
@@ -209,6 +213,8 @@ class RadixCache:
                 continue
             parent = leaf.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self.on_evict(leaf)
             del parent.children[leaf.token_ids[0]]
             self._drop(leaf)
             self._push_if_evictable_leaf(parent, parent.last_access)
@@ -241,6 +247,7 @@ class RadixCache:
         root = self._roots.pop(namespace, None)
         if root is None:
             return 0
+        del self._namespaces[id(root)]
         free_before = self.block_pool.num_free_blocks
         stack = list(root.children.values())
         while stack:
@@ -262,6 +269,14 @@ class RadixCache:
         self.evict(self.block_pool.num_blocks)
 
     # -- introspection -----------------------------------------------------------------------------------------
+    def path_of(self, node: RadixNode) -> tuple[int, list[int]]:
+        """The namespace of an attached node and the tokens from its root to its end."""
+        edges = []
+        while node.parent is not None:
+            edges.append(node.token_ids)
+            node = node.parent
+        return self._namespaces[id(node)], [token for edge in reversed(edges) for token in edge]
+
     def _nodes(self) -> Iterator[RadixNode]:
         stack = [child for root in self._roots.values() for child in root.children.values()]
         while stack:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.core.host_tier import KVTransfers
 from radixlm.pooling_params import PoolingParams
 from radixlm.request import Request, RequestStatus
 
@@ -100,7 +101,8 @@ class ForkedRequest:
 @dataclass(frozen=True)
 class SchedulerOutput:
     """One step's work, decided by the scheduler alone: the chunks to run (decodes first), what it did on the way,
-    and what the worker applies besides (KV block copies, forks of n > 1 sequences, prompt-logprob positions)."""
+    and what the worker applies besides (host-tier transfers, KV block copies, forks of n > 1 sequences,
+    prompt-logprob positions)."""
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     new_requests: list[NewRequestData] = field(default_factory=list)
@@ -111,6 +113,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int, int]] = field(default_factory=list)  # (src, dst, num_tokens) before the forward
     forks: list[ForkedRequest] = field(default_factory=list)
     prompt_logprob_positions: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (first, end)
+    kv_transfers: KVTransfers | None = None  # host-tier copies, applied first (offloads, then loads)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -176,6 +179,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     embeddings: dict[str, list[float]] = field(default_factory=dict)  # request id -> its vector
     errors: dict[str, RequestError] = field(default_factory=dict)
+    kv_transfer_seconds: float = 0.0  # the step's host-tier copies (`SchedulerOutput.kv_transfers`)
 
     def tokens_by_request(self) -> dict[str, list[int]]:
         return {rid: tokens for rid, tokens in zip(self.request_ids, self.sampled_token_ids, strict=True)

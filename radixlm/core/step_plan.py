@@ -65,7 +65,8 @@ class StepPlan:
                                trimmed_block_tables=self.trimmed_block_tables,
                                preempted_request_ids=self.preempted_request_ids,
                                preemption_reasons=self.preemption_reasons, block_copies=self.block_copies,
-                               forks=self.forks, prompt_logprob_positions=positions)
+                               forks=self.forks, prompt_logprob_positions=positions,
+                               kv_transfers=scheduler.kv_cache_manager.take_transfers() if chunks else None)
 
     def _schedule_running(self, budget: int) -> int:
         """Decodes first, then prefill chunks of running requests; returns the budget left."""

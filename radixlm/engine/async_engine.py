@@ -25,9 +25,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from radixlm.engine.engine_commands import AbortCommand, AdmitCommand, EngineCall, resolve
 from radixlm.engine.engine_info import EngineInfo, scheduler_stats
+from radixlm.engine.kv_tier_stats import kv_tier_samples
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.output_stream import OutputStream
 from radixlm.errors import ParamError
@@ -158,6 +160,7 @@ class AsyncEngine:
             self.metrics.observe_loras(None, 0, self.lora_requests)
             self.metrics.observe_scheduler(scheduler_stats(engine))
             self.metrics.watch_grammar_cache(engine.structured.cache_stats)
+            self.metrics.watch(partial(kv_tier_samples, engine))
             logger.info("engine ready: max_model_len %d", engine.max_model_len)
             while self._run_once(engine):
                 pass

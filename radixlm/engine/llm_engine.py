@@ -76,7 +76,7 @@ class LLMEngine:
         self.max_model_len = max_model_len(config.model.max_model_len, info.num_kv_slots,
                                            info.max_position_embeddings)
         kv_cache_manager = KVCacheManager(info.num_kv_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching)
+                                          config.cache.enable_prefix_caching, info.num_host_blocks)
         self.eos_token_ids = eos_token_ids(info.model_eos_token_ids, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
@@ -94,8 +94,10 @@ class LLMEngine:
         self.num_steps = 0  # steps that ran a forward (or tried to)
         self.last_scheduler_output: SchedulerOutput | None = None  # for debugging tools and the dashboard
         self.last_step_seconds = 0.0
-        self.tracer = TraceRecorder(config.scheduler.trace, config, info.num_kv_blocks,
-                                    self.max_model_len, self.eos_token_ids) if config.scheduler.trace else None
+        self.kv_transfer_seconds = 0.0  # host-tier copies, all steps together (metrics: mean load latency)
+        self.num_kv_transfer_steps = 0
+        self.tracer = TraceRecorder(config.scheduler.trace, config, info.num_kv_blocks, self.max_model_len,
+                                    self.eos_token_ids, info.num_host_blocks) if config.scheduler.trace else None
         self.output_processor = OutputProcessor(self.grammars, self.logprob_formatter, self.tracer)
         speculative = config.scheduler.speculative
         self.drafter = NgramDrafter(speculative) if speculative is not None else None
@@ -234,9 +236,14 @@ class LLMEngine:
             failed = str(RequestError.of("the forward pass", error))
             request_ids = scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]
             self._record(self.scheduler.fail_groups(dict.fromkeys(request_ids, failed)))
+            if scheduler_output.kv_transfers:  # the tree may name blocks whose loads never ran
+                self.scheduler.kv_cache_manager.reset_prefix_cache()
             self.check_invariants()
             return ModelRunnerOutput()
         self._num_failed_forwards = 0
+        if scheduler_output.kv_transfers:
+            self.kv_transfer_seconds += result.kv_transfer_seconds
+            self.num_kv_transfer_steps += 1
         if self.drafter is not None:
             self.drafter.record(scheduler_output, result.tokens_by_request())
         return result

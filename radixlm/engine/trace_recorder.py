@@ -45,7 +45,7 @@ class TraceRecorder:
     """Owned by one engine; `close()` flushes the file. Nothing here runs when tracing is off."""
 
     def __init__(self, path: str | Path, config: EngineConfig, num_blocks: int, max_model_len: int,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], num_host_blocks: int = 0) -> None:
         self._file: IO[str] = Path(path).open("w", encoding="utf-8", buffering=1)  # noqa: SIM115  (one line an event, open for the engine's life)
         self._start = time.monotonic()
         self._evicted_seen = 0
@@ -53,6 +53,7 @@ class TraceRecorder:
         self._write({"event": "config", "version": TRACE_VERSION, "model": config.model.model,
                      "scheduler": scheduler, "num_blocks": num_blocks, "block_size": config.cache.block_size,
                      "enable_prefix_caching": config.cache.enable_prefix_caching, "max_model_len": max_model_len,
+                     "num_host_blocks": num_host_blocks,
                      "eos_token_ids": sorted(eos_token_ids)})
 
     def _write(self, event: dict[str, Any]) -> None:
@@ -103,6 +104,8 @@ class TraceRecorder:
                            c.start_position == by_id[c.request_id].num_cached_tokens and
                            by_id[c.request_id].num_output_tokens == int(c.samples)},
             "evicted_blocks": evicted, "kv_used_blocks": manager.block_pool.num_used_blocks,
+            "offloaded_blocks": len(output.kv_transfers.offloads) if output.kv_transfers else 0,
+            "loaded_blocks": len(output.kv_transfers.loads) if output.kv_transfers else 0,
             "num_running": scheduler.num_running, "num_waiting": scheduler.num_waiting})
 
     def finish(self, parent: ParentRequest, output: RequestOutput) -> None:

@@ -89,9 +89,13 @@ class PagedKVCache:
                               self.value_scales[index])
         return LayerCache(self.key_caches[index], self.value_caches[index], None, None)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the cache, slots first: the keys and values of each layer, then any scales."""
+        return [*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales]
+
     def copy_blocks(self, copies: Iterable[tuple[int, int, int]]) -> None:
         """Copy the first `num_tokens` slots of block `src` into block `dst`, in every layer (copy-on-write)."""
         for src, dst, num_tokens in copies:
             src_start, dst_start = src * self.block_size, dst * self.block_size
-            for cache in (*self.key_caches, *self.value_caches, *self.key_scales, *self.value_scales):
+            for cache in self.tensors():
                 cache[dst_start:dst_start + num_tokens] = cache[src_start:src_start + num_tokens]

@@ -16,6 +16,7 @@ from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
 from radixlm.model.collectives import agree_min
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
+from radixlm.model.host_kv_cache import HostKVCache
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
@@ -91,6 +92,11 @@ class ModelRunner:
             cache_config.kv_cache_memory, bytes_per_token * cache_config.block_size, self.device))
         self.kv_cache = PagedKVCache(self.shape.num_layers, num_blocks, cache_config.block_size,
                                      self.shape.num_kv_heads, self.shape.head_dim, kv_dtype, self.device)
+        self.host_kv: HostKVCache | None = None  # the host tier under the radix tree (--kv-offload-memory)
+        if cache_config.kv_offload_memory != 0 and cache_config.enable_prefix_caching:
+            num_host_blocks = agree_min(num_blocks_for_budget(cache_config.kv_offload_memory,
+                                                              bytes_per_token * cache_config.block_size))
+            self.host_kv = HostKVCache(self.kv_cache, num_host_blocks)
         keep_freed_host_memory()
 
     @torch.inference_mode()

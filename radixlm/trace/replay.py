@@ -70,7 +70,8 @@ class ReplayState:
     def build(cls, config: dict[str, Any], **overrides: Any) -> ReplayState:
         scheduler_options = {**config["scheduler"], **{k: v for k, v in overrides.items() if k != "num_kv_blocks"}}
         num_blocks = overrides.get("num_kv_blocks") or config["num_blocks"]
-        manager = KVCacheManager(num_blocks, config["block_size"], config["enable_prefix_caching"])
+        manager = KVCacheManager(num_blocks, config["block_size"], config["enable_prefix_caching"],
+                                 config.get("num_host_blocks", 0))
         scheduler = Scheduler(SchedulerConfig(**scheduler_options), manager,
                               min(config["max_model_len"], num_blocks * config["block_size"]))
         return cls(scheduler, frozenset(config["eos_token_ids"]))

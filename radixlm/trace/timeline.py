@@ -87,7 +87,9 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
             events.append({"name": f"step {event['step']}", "ph": "X", "pid": 1, "tid": 0, "ts": us(start),
                            "dur": us(seconds), "args": {k: event[k] for k in (
                                "schedule_s", "forward_s", "sample_s", "outputs_s", "num_running", "num_waiting",
-                               "kv_used_blocks")} | {"num_chunks": len(event["chunks"])}})
+                               "kv_used_blocks")} | {"num_chunks": len(event["chunks"])} | {
+                               k: event[k] for k in ("evicted_blocks", "offloaded_blocks", "loaded_blocks")
+                               if event.get(k)}})
             for seq_id, start_position, num_tokens in event["chunks"]:
                 user_id = seq_id.split("#")[0]
                 tid = tracks.get(user_id, 0)

@@ -77,6 +77,8 @@ def check_config(event: dict[str, Any]) -> TraceLimits:
     if block_size & (block_size - 1):
         raise FieldError("block_size", f"must be a power of two, got {block_size}")
     flag(required(event, "enable_prefix_caching"), "enable_prefix_caching")
+    if "num_host_blocks" in event:
+        integer(event["num_host_blocks"], "num_host_blocks", 0, MAX_NUM_BLOCKS)
     max_model_len = integer(required(event, "max_model_len"), "max_model_len", 2, MAX_MODEL_LEN)
     token_ids(required(event, "eos_token_ids"), "eos_token_ids", 0, 4096)
     return TraceLimits(min(max_model_len, num_blocks * block_size),
@@ -182,8 +184,9 @@ def check_step(event: dict[str, Any]) -> None:
         flag(event["forward_failed"], "forward_failed")
     for name in ("kv_used_blocks", "num_running", "num_waiting"):
         integer(required(event, name), name, 0, MAX_COUNT)
-    if "evicted_blocks" in event:
-        integer(event["evicted_blocks"], "evicted_blocks", 0, MAX_COUNT)
+    for name in ("evicted_blocks", "offloaded_blocks", "loaded_blocks"):
+        if name in event:
+            integer(event[name], name, 0, MAX_COUNT)
 
 
 def _check_step_pairs(event: dict[str, Any]) -> None:

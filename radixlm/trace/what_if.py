@@ -2,8 +2,9 @@
 
 The stand-in runner gives each sequence its recorded tokens in order and ends it where it ended (its recorded
 status after its recorded number of tokens; an aborted one at its recorded abort time). A step costs
-`a + b * tokens + c * chunks + d * attended context`, least squares over the trace's own steps. Requests arrive at
-their recorded times. The same simulation under the recorded flags shows how well the model fits.
+`a + b * tokens + c * chunks + d * attended context + e * blocks moved to or from the host tier`, least squares
+over the trace's own steps. Requests arrive at their recorded times. The same simulation under the recorded flags
+shows how well the model fits.
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.request import RequestStatus
 from radixlm.trace.replay import ReplayState, Trace
 
-FEATURES = ("1", "tokens", "chunks", "context")
+FEATURES = ("1", "tokens", "chunks", "context", "moved_blocks")
 
 
-def step_features(chunks: list[tuple[str, int, int]]) -> list[float]:
+def step_features(chunks: list[tuple[str, int, int]], moved_blocks: int = 0) -> list[float]:
     return [1.0, float(sum(n for _, _, n in chunks)), float(len(chunks)),
-            float(sum(start + n for _, start, n in chunks))]
+            float(sum(start + n for _, start, n in chunks)), float(moved_blocks)]
+
+
+def moved_blocks(step: dict[str, Any]) -> int:
+    """A recorded step's host-tier copies (offloaded and loaded blocks)."""
+    return int(step.get("offloaded_blocks", 0)) + int(step.get("loaded_blocks", 0))
 
 
 @dataclass(frozen=True)
@@ -37,13 +43,13 @@ class CostModel:
         steps = [s for s in trace.of("step") if not s.get("forward_failed")]
         if len(steps) < len(FEATURES):
             raise ValueError(f"the trace has {len(steps)} steps; a cost model needs at least {len(FEATURES)}")
-        x = np.array([step_features(s["chunks"]) for s in steps])
+        x = np.array([step_features(s["chunks"], moved_blocks(s)) for s in steps])
         y = np.array([s["schedule_s"] + s["forward_s"] + s["sample_s"] + s["outputs_s"] for s in steps])
         coefficients, *_ = np.linalg.lstsq(x, y, rcond=None)
         return cls(tuple(float(c) for c in coefficients), float(y.min()))
 
-    def predict(self, chunks: list[tuple[str, int, int]]) -> float:
-        cost = sum(c * f for c, f in zip(self.coefficients, step_features(chunks), strict=True))
+    def predict(self, chunks: list[tuple[str, int, int]], moved: int = 0) -> float:
+        cost = sum(c * f for c, f in zip(self.coefficients, step_features(chunks, moved), strict=True))
         return max(cost, self.min_step_s)
 
 
@@ -104,7 +110,9 @@ def simulate(trace: Trace, model: CostModel, **overrides: Any) -> RunMetrics:
                 clock = max(clock, arrivals[next_arrival]["time"])
                 continue
             break
-        clock += model.predict([(c.request_id, c.start_position, c.num_tokens) for c in output.chunks])
+        transfers = output.kv_transfers
+        clock += model.predict([(c.request_id, c.start_position, c.num_tokens) for c in output.chunks],
+                               len(transfers.offloads) + len(transfers.loads) if transfers else 0)
         _stand_in_tokens(state, output, recorded, token_times, clock)
     return _metrics(arrival_times, token_times, clock - (arrivals[0]["time"] if arrivals else 0.0))
 

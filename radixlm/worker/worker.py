@@ -44,6 +44,8 @@ class WorkerInfo:
     model_eos_token_ids: frozenset[int]  # named by the model's generation config and config
     hidden_size: int  # the length of an embedding
     lora_target_shapes: dict[str, tuple[int, int]] | None = None  # LoRA-adaptable projections (None: LoRA off)
+    num_host_blocks: int = 0  # the host tier's blocks (0: none)
+    kv_bytes_per_block: int = 0  # of this worker's cache (one rank's share under tensor parallelism)
 
 
 class ModelWorker:
@@ -64,9 +66,12 @@ class ModelWorker:
             value = getattr(source, "eos_token_id", None)
             eos.update([value] if isinstance(value, int) else value or [])
         lora = self.runner.lora
-        return WorkerInfo(self.runner.kv_cache.num_blocks, self.runner.kv_cache.num_slots, shape.vocab_size,
+        kv_cache, host_kv = self.runner.kv_cache, self.runner.host_kv
+        bytes_per_block = sum(t.element_size() * t[0].numel() for t in kv_cache.tensors()) * kv_cache.block_size
+        return WorkerInfo(kv_cache.num_blocks, kv_cache.num_slots, shape.vocab_size,
                           shape.max_position_embeddings, frozenset(eos), shape.hidden_size,
-                          None if lora is None else lora.target_shapes())
+                          None if lora is None else lora.target_shapes(),
+                          host_kv.num_blocks if host_kv is not None else 0, bytes_per_block)
 
     def add_lora(self, lora_id: int, adapter: AdapterFile) -> None:
         """Load a checked LoRA adapter's weights as `lora_id` (see `radixlm.model.lora.adapters`)."""
@@ -85,6 +90,9 @@ class ModelWorker:
         pooling, prompt logprobs) is named in the output's `errors` (its traceback logged here)."""
         self._update_states(step)
         kv_cache = self.runner.kv_cache
+        transfer_seconds = 0.0
+        if step.kv_transfers and self.runner.host_kv is not None:
+            transfer_seconds = self.runner.host_kv.apply(kv_cache, step.kv_transfers)
         if step.block_copies:
             kv_cache.copy_blocks(step.block_copies)
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
@@ -112,7 +120,7 @@ class ModelWorker:
             logits = logits[torch.tensor(list(range(len(logits))) +
                                          [parent_rows[fork.parent_id] for fork in step.forks])]
         sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(grammar_bitmask))
-        output = ModelRunnerOutput()
+        output = ModelRunnerOutput(kv_transfer_seconds=transfer_seconds)
         output.errors = {rows[row].request_id: _request_error("sampling", rows[row].request_id, error)
                          for row, error in row_errors.items()}
         self._keep_tokens(step, sampled, output)

@@ -1,0 +1,130 @@
+"""The host tier under the radix tree (no model, no torch): block keys, the host pool's LRU and pins, and a
+scheduler fuzz whose stand-in worker keeps every block's tokens, so that any position read from a wrong block
+fails."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from radixlm.config import SchedulerConfig
+from radixlm.core.block_keys import block_keys
+from radixlm.core.host_tier import HostTier
+from radixlm.core.kv_cache_manager import KVCacheManager
+from radixlm.core.scheduler import Scheduler
+from radixlm.core.step import SchedulerOutput
+from radixlm.request import Request
+from radixlm.sampling_params import SamplingParams
+from unit.fake_engine import runner_output
+
+
+def test_block_keys_name_whole_prefixes():
+    tokens = list(range(100, 130))
+    keys = block_keys(tokens, 8)
+    assert len(keys) == 3  # the partial fourth block has no key
+    assert block_keys(tokens[:16], 8) == keys[:2]  # a prefix's keys are the sequence's first keys
+    other = block_keys([*tokens[:8], 1, *tokens[9:]], 8)
+    assert other[0] == keys[0] and other[1] != keys[1] and other[2] != keys[2]  # a change reaches every later key
+    assert block_keys(tokens, 8, namespace=3)[0] != keys[0]
+    assert block_keys(tokens, 8, salt=b"model")[0] != keys[0]
+
+
+def test_host_tier_drops_least_recently_used_and_never_a_pinned_block():
+    host = HostTier(2)
+    a, b = host.store(b"a", 0), host.store(b"b", 0)
+    assert host.store(b"c", 0) is None  # both pinned by this step
+    host.step_handed_over()
+    assert host.store(b"a", 0) is None and b"a" in host  # already held: now the most recent
+    c = host.store(b"c", 0)
+    assert c == b and b"b" not in host and host.stats.num_dropped_blocks == 1
+    assert host.pin(b"a") == a and host.pin(b"b") is None
+    host.check_invariants()
+
+
+def test_host_tier_forgets_a_namespace_and_frees_pinned_blocks_only_after_the_step():
+    host = HostTier(3)
+    host.store(b"x", 1)
+    host.store(b"y", 2)
+    assert host.drop_namespace(1) == 1 and b"x" not in host
+    host.check_invariants()
+    host.store(b"z", 2)
+    assert host.store(b"w", 2) is None  # x's block is still pinned: this step may still move it
+    host.step_handed_over()
+    assert host.store(b"w", 2) is not None
+    host.clear()
+    assert len(host) == 1  # w is pinned until the step is handed over
+    host.check_invariants()
+
+
+class BlockContents:
+    """A stand-in worker that keeps each device and host block's tokens and checks every context it reads."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.device: dict[int, list[int | None]] = {}
+        self.host: dict[int, list[int | None]] = {}
+        self.num_loads = 0
+
+    def run(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
+        size = self.block_size
+        if output.kv_transfers is not None:
+            for device_block, host_block in output.kv_transfers.offloads:
+                self.host[host_block] = list(self.device[device_block])
+            for host_block, device_block in output.kv_transfers.loads:
+                self.device[device_block] = list(self.host[host_block])
+                self.num_loads += 1
+        for src, dst, num_tokens in output.block_copies:
+            self.device[dst] = self.device[src][:num_tokens] + [None] * (size - num_tokens)
+        for chunk in output.chunks:
+            request = scheduler.requests[chunk.request_id]
+            table, tokens = request.block_table, request.all_token_ids
+            for position in range(chunk.start_position):
+                block = self.device.get(table[position // size])
+                assert block is not None and block[position % size] == tokens[position], (
+                    f"{chunk.request_id} reads a wrong token at {position}")
+            for position, token in zip(range(chunk.start_position, chunk.context_len), chunk.token_ids,
+                                       strict=True):
+                block = self.device.setdefault(table[position // size], [None] * size)
+                block[position % size] = token
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_offloaded_prefixes_come_back_with_the_right_tokens(seed):
+    """Shared prefixes over a device pool too small to keep them: the tree evicts them into the host tier, later
+    prompts load them back, and every context a chunk reads holds exactly its request's tokens."""
+    rng = random.Random(seed)
+    block_size = 4
+    manager = KVCacheManager(24, block_size, enable_prefix_caching=True, num_host_blocks=40)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=3), manager, max_model_len=80)
+    worker = BlockContents(block_size)
+    prefixes = [[rng.randrange(3, 500) for _ in range(rng.randrange(9, 40))] for _ in range(5)]
+    for index in range(60):
+        prompt = rng.choice(prefixes) + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 6))]
+        scheduler.add_request(Request(f"r{index}", prompt, SamplingParams(max_tokens=rng.randrange(1, 4),
+                                                                         ignore_eos=True), arrival_order=index))
+        for _ in range(rng.randrange(0, 3)):
+            if scheduler.requests:
+                output = scheduler.schedule()
+                worker.run(scheduler, output)
+                scheduler.update_from_output(output, runner_output(output))
+                scheduler.check_invariants()
+    while scheduler.requests:
+        output = scheduler.schedule()
+        worker.run(scheduler, output)
+        scheduler.update_from_output(output, runner_output(output))
+        scheduler.check_invariants()
+    stats = manager.offload.stats  # type: ignore[union-attr]
+    assert stats.num_offloaded_blocks > 0 and stats.num_loaded_blocks > 0 and worker.num_loads > 0
+    assert stats.num_hit_tokens > 0
+
+
+def test_a_reset_drops_instead_of_offloading_and_empties_the_host():
+    manager = KVCacheManager(16, 4, enable_prefix_caching=True, num_host_blocks=8)
+    scheduler = Scheduler(SchedulerConfig(), manager, max_model_len=60)
+    scheduler.add_request(Request("a", list(range(10, 30)), SamplingParams(max_tokens=1), arrival_order=0))
+    while scheduler.requests:
+        output = scheduler.schedule()
+        scheduler.update_from_output(output, runner_output(output))
+    manager.reset_prefix_cache()
+    assert manager.take_transfers() is None and len(manager.offload.host) == 0  # type: ignore[union-attr]
