@@ -9,7 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixlm.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from radixlm.cache_config import CacheConfig
+    from radixlm.config import EngineConfig, ModelConfig, SchedulerConfig
     from radixlm.engine.llm_engine import LLMEngine
     from radixlm.llm import LLM
     from radixlm.outputs import CompletionOutput, RequestOutput
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 _EXPORTS = {"LLM": "radixlm.llm", "LLMEngine": "radixlm.engine.llm_engine",
             "CompletionOutput": "radixlm.outputs", "RequestOutput": "radixlm.outputs",
             "SamplingParams": "radixlm.sampling_params", "PoolingParams": "radixlm.pooling_params",
-            "CacheConfig": "radixlm.config",
+            "CacheConfig": "radixlm.cache_config",
             "EngineConfig": "radixlm.config", "ModelConfig": "radixlm.config", "SchedulerConfig": "radixlm.config"}
 
 __all__ = ["LLM", "CacheConfig", "CompletionOutput", "EngineConfig", "LLMEngine", "ModelConfig", "PoolingParams",

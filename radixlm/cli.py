@@ -23,7 +23,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:
-    from radixlm.config import EngineConfig, parse_bytes
+    from radixlm.config import EngineConfig
+    from radixlm.config_values import parse_bytes
     from radixlm.server.api_server import ServerOptions, check_api_key, run_server
     from radixlm.server.chat_options import ChatOptions
 

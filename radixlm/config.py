@@ -7,70 +7,23 @@ named as vLLM and SGLang name them (`max_num_seqs` -> `--max-num-seqs`). Values 
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from radixlm.cache_config import CacheConfig
+from radixlm.config_values import help_text as _help
+from radixlm.config_values import parse_json_object
 from radixlm.lora_config import LoRAConfig
 
 SchedulePolicy = Literal["fcfs", "priority", "lpm"]
 SCHEDULE_POLICIES: tuple[str, ...] = ("fcfs", "priority", "lpm")
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "cpp", "torch")
-KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "bfloat16", "int8")
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 QUANTIZATION_METHODS: tuple[str, ...] = ("int8", "gguf", "q4_0", "q4_1", "q8_0")
 EXECUTOR_BACKENDS: tuple[str, ...] = ("uni", "mp")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 POOLING_TYPES: tuple[str, ...] = ("last", "mean")
 MAX_SPECULATIVE_TOKENS = 16
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
-               "g": 1e9, "gb": 1e9, "gib": 2**30}
-
-
-def parse_memory(value: float | int | str, name: str = "kv_cache_memory") -> float:
-    """Parse a memory budget: a fraction of free memory (0 < x <= 1) or a byte count ("512MiB", "2GB", 3e8)."""
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
-        if match is None or match.group(2).lower() not in _SIZE_UNITS:
-            raise ValueError(f"{name} must be a fraction in (0, 1] or a size like '512MiB', got {value!r}")
-        number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number or a size like '512MiB', got {value!r}")
-    else:
-        number = float(value)
-    if not number > 0 or number == float("inf"):
-        raise ValueError(f"{name} must be > 0 and finite, got {value!r}")
-    return number
-
-
-def parse_bytes(value: int | str, name: str) -> int:
-    """A byte count given as a number or a size ("512MiB", "2GB"); ValueError naming `name` unless it is a whole
-    number of bytes in [1 MiB, 1 TiB]."""
-    number = parse_memory(value, name)
-    if not 2**20 <= number <= 2**40:
-        raise ValueError(f"{name} must be between 1MiB and 1TiB, got {value!r}")
-    return int(number)
-
-
-def parse_json_object(value: str | dict[str, object], name: str) -> dict[str, object]:
-    """A JSON object given as text or as a dict; a ValueError naming `name` otherwise."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{name} is not valid JSON: {error}") from None
-        except RecursionError:  # nesting beyond the parser's recursion limit
-            raise ValueError(f"{name} is nested too deeply") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object, got {type(value).__name__}")
-    return value
-
-
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -122,43 +75,6 @@ class ModelConfig:
                                  f"got {self.quantization!r}")
             if self.dtype not in ("auto", "float32"):
                 raise ValueError(f"quantization {self.quantization} needs dtype float32, got {self.dtype!r}")
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    block_size: int = field(default=16, metadata=_help("tokens per KV cache block"))
-    kv_cache_memory: float | str = field(default=0.1, metadata=_help(
-        "KV cache budget: a fraction of free memory (0 < x <= 1) or bytes ('512MiB', '2GB', 300000000)"))
-    num_kv_blocks: int | None = field(default=None, metadata=_help(
-        "exact number of KV blocks (overrides --kv-cache-memory; mostly for tests)"))
-    enable_prefix_caching: bool = field(default=True, metadata=_help(
-        "reuse the K/V of shared prompt prefixes through the radix tree (--disable-radix-cache turns it off)"))
-    kv_cache_dtype: str = field(default="auto", metadata=_help(
-        "KV cache storage: auto (the model dtype), bfloat16 (half the bytes of float32) or int8 (a float16 scale per "
-        "token and KV head: 1.9x bfloat16's tokens in the same memory); compute stays in the model dtype"))
-    kv_offload_memory: float | str = field(default=0, metadata=_help(
-        "host tier under the radix tree: KV blocks it evicts are copied to this much host memory (bytes, or a "
-        "fraction of free memory after the KV cache) instead of being dropped, and loaded back when a prompt "
-        "reaches them; 0 turns it off. Needs prefix caching"))
-    grammar_cache_bytes: str | int = field(default="512MiB", metadata=_help(
-        "most bytes of compiled grammars (structured outputs, forced tool calls) kept for reuse, least recently "
-        "used evicted first; a grammar larger than this is refused (400). Each data-parallel replica has its own"))
-
-    def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
-        parse_memory(self.kv_cache_memory)
-        if self.kv_offload_memory != 0:
-            parse_memory(self.kv_offload_memory, "kv_offload_memory")
-        parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-
-    @property
-    def grammar_cache_num_bytes(self) -> int:
-        return parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
 
 
 @dataclass(frozen=True)
@@ -304,6 +220,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.lora.enabled and self.parallel.tensor_parallel_size > 1:
             raise ValueError("LoRA adapters are not served under tensor parallelism (tensor_parallel_size > 1)")
+        if self.cache.kv_offload_dir is not None and (self.parallel.tensor_parallel_size > 1 or
+                                                     self.parallel.data_parallel_size > 1):
+            raise ValueError("kv_offload_dir is served by one engine and one worker: not with tensor_parallel_size "
+                             "or data_parallel_size > 1")
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> EngineConfig:

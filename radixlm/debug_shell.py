@@ -13,7 +13,7 @@ import shlex
 import sys
 from typing import IO, Any
 
-from radixlm.core.radix_cache import RadixNode
+from radixlm.core.radix_node import RadixNode
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.sampling_params import SamplingParams
 from radixlm.trace.bounded_json import loads_bounded

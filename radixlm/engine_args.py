@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from radixlm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig, ParallelConfig, SchedulerConfig
 from radixlm.lora_config import LoRAConfig
 
 ENGINE_CONFIGS = (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig)

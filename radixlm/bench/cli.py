@@ -37,6 +37,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     options = BenchOptions(workloads, spec, args.request_rate, args.max_concurrency, args.output_json,
                            args.output_png, extra={"api_key": args.api_key}, num_loras=args.lora,
                            lora_rank=args.lora_rank)
+    if args.restart:
+        from radixlm.bench.serve_restart import bench_serve_restart
+
+        if args.base_url is not None:
+            raise ValueError("--restart starts its own servers: not with --base-url")
+        bench_serve_restart(engine_kwargs(args), options)
+        return
     bench_serve(args.base_url, engine_kwargs(args), options)
 
 
@@ -194,6 +201,9 @@ def add_bench_commands(commands: Any) -> None:
                        "sessions spread over N random-weight LoRA adapters (lora0..; made and loaded when the bench "
                        "starts the server), and print the ratio of output tok/s")
     serve.add_argument("--lora-rank", type=int, default=16, help="rank of the --lora adapters")
+    serve.add_argument("--restart", action="store_true",
+                       help="run the workloads, stop the server (SIGTERM: it saves its cached prefixes to "
+                            "--kv-offload-dir, default a fresh temporary directory), start it again and rerun them")
     serve.add_argument("--num-prompts", type=int, default=32, help="requests per workload")
     serve.add_argument("--input-len", default="64-256", help="random prompts and first chat turns: LOW-HIGH tokens")
     serve.add_argument("--output-len", default="32-64", help="output length range LOW-HIGH")

@@ -37,6 +37,7 @@ from radixlm.bench.soak_requests import SoakRequest, build_requests, greedy_prob
 from radixlm.bench.soak_verdict import GRAMMAR_BUDGET, GRAMMAR_BYTES, hostile_passed, print_hostile, rss_limit
 
 STATE_METRICS = ("radixlm:num_requests_running", "radixlm:num_requests_waiting", "radixlm:kv_cache_used_blocks",
+                 "radixlm:kv_host_leaked_blocks", "radixlm:kv_disk_leaked_files",
                  "process_resident_memory_bytes", GRAMMAR_BYTES, GRAMMAR_BUDGET)
 
 
@@ -186,6 +187,7 @@ def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict
     rss_final = final.get("process_resident_memory_bytes", 0.0)
     limit, rule = rss_limit(warm, final, hostile)
     leaked = int(final.get("radixlm:kv_cache_used_blocks", -1))
+    leaked_tiers = int(final.get("radixlm:kv_host_leaked_blocks", 0) + final.get("radixlm:kv_disk_leaked_files", 0))
     running = int(final.get("radixlm:num_requests_running", -1))
     waiting = int(final.get("radixlm:num_requests_waiting", -1))
     crashes = int(not healthy)
@@ -196,14 +198,19 @@ def report(tally: SoakTally, seconds: float, warm: dict[str, float], final: dict
     if tally.latencies:
         print(f"latency of answered requests: p50 {statistics.median(tally.latencies):.2f} s, "
               f"p99 {percentile(tally.latencies, 99):.2f} s")
-    print(f"crashes: {crashes}; leaked blocks: {leaked}; running/waiting at the end: {running}/{waiting}")
+    tiers = ""
+    if "radixlm:kv_host_leaked_blocks" in final:
+        tiers = (f" (host tier {int(final['radixlm:kv_host_leaked_blocks'])}, disk files "
+                 f"{int(final.get('radixlm:kv_disk_leaked_files', 0))})")
+    print(f"crashes: {crashes}; leaked blocks: {leaked}{tiers}; running/waiting at the end: {running}/{waiting}")
     print(f"RSS: {rss_warm / 2**20:.0f} MiB after warm-up, {rss_final / 2**20:.0f} MiB at the end "
           f"({rss_final / max(rss_warm, 1):.3f}x); limit {limit / 2**20:.0f} MiB: {rule}")
     print(f"greedy answers before and after: {'unchanged' if same_greedy else 'CHANGED'}")
     for problem in tally.problems:
         print(f"  problem: {problem}")
     passed = (crashes == 0 and tally.num_5xx == 0 and tally.num_dropped == 0 and tally.num_wrong == 0
-              and leaked == 0 and running == 0 and waiting == 0 and same_greedy and rss_final <= limit)
+              and leaked == 0 and leaked_tiers == 0 and running == 0 and waiting == 0 and same_greedy
+              and rss_final <= limit)
     if print_verdict:
         print("PASS" if passed else "FAIL")
     return passed

@@ -13,20 +13,30 @@ Python, no torch.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 @dataclass
 class KVTransfers:
-    """Copies the worker applies before a step's forward, in this order: `offloads` (device block -> host block:
-    blocks the tree evicted, read before anything reuses them) then `loads` (host block -> device block: cached
-    blocks a request's prefix reaches). Plain data: it travels in `SchedulerOutput`."""
+    """Copies the worker applies before a step's forward, in this order:
+    `disk_deletes` (block files beyond the disk budget), `disk_writes` (host block -> file: blocks the host tier
+    dropped, written before anything reuses their host block), `device_saves` (device block -> file: the tree's
+    blocks at a clean shutdown), `offloads` (device block -> host block: blocks the tree evicted, read before
+    anything reuses them), `disk_reads` (file -> host block: checked; a bad one is reported back, see
+    `ModelRunnerOutput.kv_failed_keys`), then `loads` (host block -> device block: cached blocks a request's prefix
+    reaches). Plain data: it travels in `SchedulerOutput`."""
 
     offloads: list[tuple[int, int]] = field(default_factory=list)
     loads: list[tuple[int, int]] = field(default_factory=list)
+    disk_writes: list[tuple[int, bytes]] = field(default_factory=list)
+    device_saves: list[tuple[int, bytes]] = field(default_factory=list)
+    disk_reads: list[tuple[bytes, int]] = field(default_factory=list)
+    disk_deletes: list[bytes] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.offloads or self.loads)
+        return bool(self.offloads or self.loads or self.disk_writes or self.device_saves or self.disk_reads
+                    or self.disk_deletes)
 
 
 @dataclass
@@ -40,7 +50,9 @@ class HostTierStats:
 class HostTier:
     """Key -> host block, in LRU order, over `num_blocks` host blocks."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_drop: Callable[[bytes, int, int], None] | None = None) -> None:
+        """`on_drop(key, namespace, host_block)`: called when a block is dropped to make room, before its host block
+        is reused (the disk tier's hook)."""
         if num_blocks < 1:
             raise ValueError(f"a host tier needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -48,6 +60,8 @@ class HostTier:
         self._free = list(range(num_blocks - 1, -1, -1))
         self._pinned: set[int] = set()
         self._released_pinned: list[int] = []  # forgotten while pinned: free once the step is handed over
+        self._reading: dict[bytes, tuple[int, int]] = {}  # key -> (host block, namespace) a disk read fills
+        self.on_drop = on_drop
         self.stats = HostTierStats()
 
     def __contains__(self, key: bytes) -> bool:
@@ -79,6 +93,31 @@ class HostTier:
         self._pinned.add(entry[0])
         return entry[0]
 
+    def reserve(self, key: bytes, namespace: int) -> int | None:
+        """A host block for a disk read of `key` (None if every block is pinned): it holds the key only once
+        `finish_reads` says the read went well."""
+        block = self._take_block()
+        if block is not None:
+            self._reading[key] = (block, namespace)
+        return block
+
+    def is_reading(self, key: bytes) -> bool:
+        return key in self._reading
+
+    def finish_reads(self, failed: set[bytes]) -> None:
+        """The disk reads handed over are done: each key holds its block (most recently used), but those in
+        `failed`, whose blocks are free again."""
+        for key, (block, namespace) in self._reading.items():
+            if key in failed:
+                self._free.append(block)
+            else:
+                self._blocks[key] = (block, namespace)
+        self._reading.clear()
+
+    def entries(self) -> list[tuple[bytes, int, int]]:
+        """(key, host block, namespace) of every block held, most recently used first."""
+        return [(key, block, namespace) for key, (block, namespace) in reversed(self._blocks.items())]
+
     def step_handed_over(self) -> None:
         """The transfers built so far went to the worker: their blocks may be reused from now on."""
         self._pinned.clear()
@@ -106,15 +145,24 @@ class HostTier:
     def _take_block(self) -> int | None:
         if self._free:
             return self._free.pop()
-        for key, (block, _) in self._blocks.items():  # least recently used first; pinned ones are recent
+        for key, (block, namespace) in self._blocks.items():  # least recently used first; pinned ones are recent
             if block not in self._pinned:
                 del self._blocks[key]
                 self.stats.num_dropped_blocks += 1
+                if self.on_drop is not None:
+                    self.on_drop(key, namespace, block)
+                self._pinned.add(block)  # its new key's; and a write of the old one may read it this step
                 return block
         return None
 
+    @property
+    def num_leaked_blocks(self) -> int:
+        """Blocks neither free, nor held, nor being moved by a step: 0 unless something is wrong."""
+        return self.num_blocks - len(self._blocks) - len(self._free) - len(self._released_pinned) - len(self._reading)
+
     def check_invariants(self) -> None:
-        """Every host block is exactly one of: free, held by one key, or forgotten while pinned."""
+        """Every host block is exactly one of: free, held by one key, forgotten while pinned, or being read."""
         held = [block for block, _ in self._blocks.values()]
-        every = sorted(held + self._free + self._released_pinned)
+        reading = [block for block, _ in self._reading.values()]
+        every = sorted(held + self._free + self._released_pinned + reading)
         assert every == list(range(self.num_blocks)), "host blocks lost or held twice"

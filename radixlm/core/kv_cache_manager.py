@@ -16,9 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixlm.core.block_pool import BlockPool, cdiv
+from radixlm.core.disk_tier import DiskTier
 from radixlm.core.host_tier import HostTier, KVTransfers
 from radixlm.core.kv_offload import KVOffload
-from radixlm.core.radix_cache import PrefixMatch, RadixCache, RadixNode
+from radixlm.core.radix_cache import RadixCache
+from radixlm.core.radix_node import PrefixMatch, RadixNode
 from radixlm.request import Request
 
 # Output tokens a new request's block reservation plans for at most (a preference only, see _reserve_growth).
@@ -41,12 +43,14 @@ class KVCacheManager:
     """Owns the block pool and (optionally) the radix tree over it."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 num_host_blocks: int = 0) -> None:
-        """`num_host_blocks` > 0 (with prefix caching): a host tier of that many blocks under the tree."""
+                 num_host_blocks: int = 0, disk: DiskTier | None = None, salt: bytes = b"") -> None:
+        """`num_host_blocks` > 0 (with prefix caching): a host tier of that many blocks under the tree, and `disk`
+        under it; `salt` (the model's identity) starts every block key."""
         self.block_size = block_size
         self.block_pool = BlockPool(num_blocks)
         self.radix_cache = RadixCache(self.block_pool, block_size) if enable_prefix_caching else None
-        self.offload = (KVOffload(self.radix_cache, self.block_pool, HostTier(num_host_blocks), self._allocate_blocks)
+        self.offload = (KVOffload(self.radix_cache, self.block_pool, HostTier(num_host_blocks), self._allocate_blocks,
+                                  disk, salt)
                         if num_host_blocks > 0 and self.radix_cache is not None else None)
         self.stats = PrefixCacheStats()
         self._locked_nodes: dict[str, RadixNode] = {}  # request id -> the tree node its blocks are locked under
@@ -110,9 +114,26 @@ class KVCacheManager:
             self.offload.promote(token_ids, request.lora_id)
         return self.radix_cache.match_prefix(token_ids, request.lora_id)
 
+    def prefetch(self, request: Request) -> bool:
+        """Start reading the block files a waiting request's prompt reaches (disk tier); True while it must wait."""
+        if self.offload is None:
+            return False
+        return self.offload.prefetch(request.all_token_ids[:request.num_tokens - 1], request.lora_id)
+
     def take_transfers(self) -> KVTransfers | None:
-        """The host-tier copies the step being handed to the worker applies before its forward (None: none)."""
+        """The tier copies the step being handed to the worker applies before its forward (None: none)."""
         return self.offload.take_transfers() if self.offload is not None else None
+
+    def finish_transfers(self, transfers: KVTransfers | None, failed_keys: list[bytes]) -> None:
+        """The worker applied a step's transfers; `failed_keys`: block files it could not write or read."""
+        if self.offload is not None:
+            self.offload.finish_transfers(transfers, failed_keys)
+
+    def persist_transfers(self) -> KVTransfers | None:
+        """At a clean shutdown: the transfers that save the cached prefixes to disk (None without a disk tier)."""
+        if self.offload is None or self.offload.disk is None:
+            return None
+        return self.offload.persist() or None
 
     def cached_prefix_length(self, request: Request) -> int:
         """Like `match_prefix(...).num_tokens`, without touching the tree (for ordering waiting requests)."""

@@ -10,7 +10,13 @@
   tokens) against the seconds of prefill it saves, so it runs on the step's own thread, first.
 
 A device block a load of this step writes is not offloaded if the tree evicts it again before the step is handed
-over (its content is not there yet; the host holds it anyway). Pure Python, no torch.
+over (its content is not there yet; the host holds it anyway).
+
+With a disk tier (`radixlm.core.disk_tier`), blocks the host tier drops are written to files, and `prefetch` reads
+the files a waiting prompt reaches into host blocks, one step ahead: the request waits for that step, whose worker
+checks every file, and is admitted once its blocks are in the host tier (a bad file is forgotten and its tokens
+recomputed). Only the base model's blocks (namespace 0) go to disk: an adapter's id may name another adapter after
+a restart. `persist` writes what the tree and the host tier hold at a clean shutdown. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -20,17 +26,23 @@ from dataclasses import dataclass
 
 from radixlm.core.block_keys import block_keys
 from radixlm.core.block_pool import BlockPool
+from radixlm.core.disk_tier import DiskTier
 from radixlm.core.host_tier import HostTier, KVTransfers
-from radixlm.core.radix_cache import RadixCache, RadixNode
+from radixlm.core.radix_cache import RadixCache
+from radixlm.core.radix_node import RadixNode
 
 
 @dataclass
 class OffloadStats:
-    """Cumulative: device blocks offloaded to the host, host blocks loaded back, prompt tokens the loads supplied."""
+    """Cumulative: device blocks offloaded to the host, host blocks loaded back, prompt tokens the loads supplied;
+    blocks written to and read from disk, and block files found bad (or unwritable)."""
 
     num_offloaded_blocks: int = 0
     num_loaded_blocks: int = 0
     num_hit_tokens: int = 0
+    num_disk_written_blocks: int = 0
+    num_disk_read_blocks: int = 0
+    num_disk_failed_blocks: int = 0
 
 
 class KVOffload:
@@ -38,8 +50,10 @@ class KVOffload:
     over."""
 
     def __init__(self, radix_cache: RadixCache, block_pool: BlockPool, host: HostTier,
-                 allocate: Callable[[int], list[int] | None]) -> None:
-        """`allocate(n)`: n free device blocks (evicting tree leaves if needed), or None."""
+                 allocate: Callable[[int], list[int] | None], disk: DiskTier | None = None,
+                 salt: bytes = b"") -> None:
+        """`allocate(n)`: n free device blocks (evicting tree leaves if needed), or None. `salt`: the model's
+        identity, which starts every key (needed with a disk tier: its keys outlive the process)."""
         self.radix_cache = radix_cache
         self.block_pool = block_pool
         self.host = host
@@ -49,7 +63,15 @@ class KVOffload:
         self._transfers = KVTransfers()
         self._loading: set[int] = set()  # device blocks this step's loads write
         self.enabled = True  # off while the tree is reset on purpose: what it drops is not kept
+        self.disk = disk
+        self.salt = salt
         radix_cache.on_evict = self._offload
+        if disk is not None:
+            host.on_drop = self._spill
+            self._transfers.disk_deletes += disk.take_deletions()
+
+    def _keys(self, token_ids: list[int], namespace: int, num_blocks: int | None = None) -> list[bytes]:
+        return block_keys(token_ids, self.block_size, namespace, self.salt, num_blocks)
 
     def _offload(self, leaf: RadixNode) -> None:
         if not self.enabled:
@@ -58,7 +80,7 @@ class KVOffload:
         first, num_full = leaf.start // self.block_size, leaf.end // self.block_size
         if num_full <= first:
             return
-        keys = block_keys(token_ids, self.block_size, namespace, num_blocks=num_full)
+        keys = self._keys(token_ids, namespace, num_full)
         for index in range(first, num_full):
             device_block = leaf.block_ids[index - first]
             if device_block in self._loading:
@@ -77,7 +99,7 @@ class KVOffload:
         size = self.block_size
         matched = self.radix_cache.match_length(token_ids, namespace)
         first = matched // size
-        keys = block_keys(token_ids, size, namespace)
+        keys = self._keys(token_ids, namespace)
         end = first
         while end < len(keys) and keys[end] in self.host:
             end += 1
@@ -101,6 +123,79 @@ class KVOffload:
         self.stats.num_loaded_blocks += end - first
         self.stats.num_hit_tokens += end * size - matched
         return end * size - matched
+
+    def _spill(self, key: bytes, namespace: int, host_block: int) -> None:
+        """The host tier drops `key`: write it to disk first (base-model blocks not on disk yet)."""
+        assert self.disk is not None
+        if namespace != 0 or not self.enabled:
+            return
+        if key in self.disk:
+            self.disk.touch(key)
+            return
+        self._transfers.disk_writes.append((host_block, key))
+        self._transfers.disk_deletes += self.disk.add(key)
+        self.stats.num_disk_written_blocks += 1
+
+    def prefetch(self, token_ids: list[int], namespace: int) -> bool:
+        """Read the block files that continue the device and host tiers' match of `token_ids` into host blocks
+        (this step); True while any of them is still being read: the request waits a step."""
+        if self.disk is None or namespace != 0 or not len(self.disk):
+            return False
+        matched = self.radix_cache.match_length(token_ids, namespace)
+        keys = self._keys(token_ids, namespace)
+        pending = False
+        for key in keys[matched // self.block_size:]:
+            if key in self.host:
+                continue
+            if self.host.is_reading(key):
+                pending = True
+                continue
+            if key not in self.disk:
+                break
+            host_block = self.host.reserve(key, namespace)
+            if host_block is None:
+                break
+            self.disk.touch(key)
+            self._transfers.disk_reads.append((key, host_block))
+            self.stats.num_disk_read_blocks += 1
+            pending = True
+        return pending
+
+    def finish_transfers(self, transfers: KVTransfers | None, failed_keys: list[bytes]) -> None:
+        """The worker applied `transfers`; the block files in `failed_keys` could not be written or read (or were
+        bad): forget them. Read blocks join the host tier."""
+        failed = set(failed_keys)
+        if transfers is not None and transfers.disk_reads:
+            self.host.finish_reads(failed)
+        if self.disk is not None:
+            for key in failed:
+                self.disk.discard(key)
+        self.stats.num_disk_failed_blocks += len(failed)
+
+    def persist(self) -> KVTransfers:
+        """At a clean shutdown: the transfers that write the base model's blocks still in the tree and in the host
+        tier (most recently used first, as many as the disk budget holds) to disk."""
+        if self.disk is None:
+            return KVTransfers()
+        saves: list[tuple[int, bytes]] = []
+        seen: set[bytes] = set()
+        for node in sorted(self.radix_cache.nodes(0), key=lambda node: -node.last_access):
+            token_ids = self.radix_cache.path_of(node)[1]
+            first, num_full = node.start // self.block_size, node.end // self.block_size
+            for index, key in enumerate(self._keys(token_ids, 0, num_full)[first:], first):
+                if key not in seen and node.block_ids[index - first] not in self._loading:
+                    seen.add(key)
+                    saves.append((node.block_ids[index - first], key))
+        writes = [(block, key) for key, block, namespace in self.host.entries() if namespace == 0 and key not in seen]
+        transfers = self.take_transfers() or KVTransfers()  # what is still pending goes first
+        chosen = [(True, *save) for save in saves] + [(False, *write) for write in writes]
+        for from_device, block, key in reversed(chosen[:self.disk.num_blocks]):  # least recent first: the most
+            if key in self.disk:                                                # recent end up most recently used
+                self.disk.touch(key)
+                continue
+            transfers.disk_deletes += self.disk.add(key)
+            (transfers.device_saves if from_device else transfers.disk_writes).append((block, key))
+        return transfers
 
     def take_transfers(self) -> KVTransfers | None:
         """The copies the step being handed to the worker must apply first (None when there are none); after

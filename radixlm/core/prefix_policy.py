@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.core.kv_cache_manager import KVCacheManager
-from radixlm.core.radix_cache import common_prefix_len
+from radixlm.core.radix_node import common_prefix_len
 from radixlm.request import Request
 
 # A waiting request that would recompute at least this many tokens another chunk computes in the same step waits a

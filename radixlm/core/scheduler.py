@@ -192,6 +192,7 @@ class Scheduler:
         """Apply one step's whole result inside the core (see `step_result.apply_step_result`): token progress,
         new tokens, token-level stops and grammars' ends, pooled vectors, prompt logprobs, failed requests.
         Returns the news of every sequence that has some, for the output processor."""
+        self.kv_cache_manager.finish_transfers(scheduler_output.kv_transfers, runner_output.kv_failed_keys)
         return apply_step_result(self, scheduler_output, runner_output)
 
     def append_tokens(self, request: Request, token_ids: Sequence[int], now: float) -> int:

@@ -121,7 +121,8 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        """Nothing for the worker: no chunk and no tier transfer."""
+        return not self.chunks and not self.kv_transfers
 
     @property
     def sampling_request_ids(self) -> list[str]:
@@ -179,7 +180,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     embeddings: dict[str, list[float]] = field(default_factory=dict)  # request id -> its vector
     errors: dict[str, RequestError] = field(default_factory=dict)
-    kv_transfer_seconds: float = 0.0  # the step's host-tier copies (`SchedulerOutput.kv_transfers`)
+    kv_transfer_seconds: float = 0.0  # the step's tier copies (`SchedulerOutput.kv_transfers`)
+    kv_failed_keys: list[bytes] = field(default_factory=list)  # block files it could not write or read (or bad)
 
     def tokens_by_request(self) -> dict[str, list[int]]:
         return {rid: tokens for rid, tokens in zip(self.request_ids, self.sampled_token_ids, strict=True)

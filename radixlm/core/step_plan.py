@@ -50,7 +50,9 @@ class StepPlan:
         if not self.preempted_request_ids:
             self._schedule_waiting(budget)
         chunks = list(self.scheduled.values())
-        if not chunks and not scheduler.running and scheduler.waiting and not self.preempted_request_ids:
+        transfers = scheduler.kv_cache_manager.take_transfers()
+        if not chunks and not scheduler.running and scheduler.waiting and not self.preempted_request_ids \
+                and not (transfers and transfers.disk_reads):
             raise RuntimeError(f"scheduler made no progress with {len(scheduler.waiting)} waiting requests and "
                                f"nothing running (first: {scheduler.waiting.peek()!r}); this is a bug")
         self._fork_groups(chunks)
@@ -66,7 +68,7 @@ class StepPlan:
                                preempted_request_ids=self.preempted_request_ids,
                                preemption_reasons=self.preemption_reasons, block_copies=self.block_copies,
                                forks=self.forks, prompt_logprob_positions=positions,
-                               kv_transfers=scheduler.kv_cache_manager.take_transfers() if chunks else None)
+                               kv_transfers=transfers)
 
     def _schedule_running(self, budget: int) -> int:
         """Decodes first, then prefill chunks of running requests; returns the budget left."""
@@ -114,6 +116,8 @@ class StepPlan:
                 break
             budget += freed
             reuse_cache = reuses_prefix_cache(request)  # not with prompt logprobs or mean pooling
+            if reuse_cache and kv.prefetch(request):
+                continue  # its prefix's block files are being read into the host tier: next step it hits
             match = kv.match_prefix(request) if reuse_cache else None
             num_cached = match.num_tokens if match else 0
             if reuse_cache and in_flight and kv.radix_cache is not None and \

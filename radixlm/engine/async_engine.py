@@ -29,7 +29,7 @@ from functools import partial
 
 from radixlm.engine.engine_commands import AbortCommand, AdmitCommand, EngineCall, resolve
 from radixlm.engine.engine_info import EngineInfo, scheduler_stats
-from radixlm.engine.kv_tier_stats import kv_tier_samples
+from radixlm.engine.kv_tiers import kv_tier_samples
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.engine.output_stream import OutputStream
 from radixlm.errors import ParamError

@@ -29,11 +29,11 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from radixlm.config import EngineConfig
-from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
 from radixlm.core.step import ModelRunnerOutput, RequestError, RequestUpdate, SchedulerOutput
 from radixlm.engine.admission import Admission, eos_token_ids, max_model_len
 from radixlm.engine.grammars import GrammarTracker
+from radixlm.engine.kv_tiers import build_kv_cache_manager, persist_kv_tiers
 from radixlm.engine.logprob_formatter import LogprobFormatter
 from radixlm.engine.lora_registry import LoRARegistry
 from radixlm.engine.output_processor import OutputProcessor
@@ -75,8 +75,7 @@ class LLMEngine:
         self.worker_info = info = self.worker.info()
         self.max_model_len = max_model_len(config.model.max_model_len, info.num_kv_slots,
                                            info.max_position_embeddings)
-        kv_cache_manager = KVCacheManager(info.num_kv_blocks, config.cache.block_size,
-                                          config.cache.enable_prefix_caching, info.num_host_blocks)
+        kv_cache_manager = build_kv_cache_manager(config, info, model_dir)
         self.eos_token_ids = eos_token_ids(info.model_eos_token_ids, self.tokenizer)
         self.model_name = config.model.served_model_name or config.model.model
         self.logprob_formatter = LogprobFormatter(self.tokenizer)
@@ -236,10 +235,11 @@ class LLMEngine:
             failed = str(RequestError.of("the forward pass", error))
             request_ids = scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]
             self._record(self.scheduler.fail_groups(dict.fromkeys(request_ids, failed)))
-            if scheduler_output.kv_transfers:  # the tree may name blocks whose loads never ran
+            transfers = scheduler_output.kv_transfers
+            if transfers:  # the tree may name blocks whose loads never ran, the host tier blocks never read
                 self.scheduler.kv_cache_manager.reset_prefix_cache()
             self.check_invariants()
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(kv_failed_keys=[key for key, _ in transfers.disk_reads] if transfers else [])
         self._num_failed_forwards = 0
         if scheduler_output.kv_transfers:
             self.kv_transfer_seconds += result.kv_transfer_seconds
@@ -285,7 +285,12 @@ class LLMEngine:
             self.worker.check_health()
 
     def close(self) -> None:
-        """Stop the worker process, if the worker runs in one."""
+        """Save the cached prefixes to the disk tier (if any), then stop the worker process, if the worker runs in
+        one."""
+        try:
+            persist_kv_tiers(self)
+        except Exception:  # a failed save loses a cache, not the shutdown
+            logger.exception("saving the KV cache to the disk tier failed")
         if isinstance(self.worker, WorkerProcess):
             self.worker.close()
 

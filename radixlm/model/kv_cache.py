@@ -9,7 +9,7 @@ from typing import NamedTuple
 import psutil
 import torch
 
-from radixlm.config import parse_memory
+from radixlm.config_values import parse_memory
 from radixlm.model.kv_int8 import SCALE_DTYPE
 
 logger = logging.getLogger(__name__)

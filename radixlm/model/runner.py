@@ -11,16 +11,19 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from radixlm.config import CacheConfig, ModelConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
 from radixlm.model.collectives import agree_min
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
+from radixlm.model.disk_kv_store import DiskKVStore
 from radixlm.model.host_kv_cache import HostKVCache
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
 from radixlm.model.lora.adapters import LoRAAdapters
+from radixlm.model.model_identity import block_file_directory, model_identity
 from radixlm.model.pooling import final_hidden_states, pool_chunks
 from radixlm.model.sharding import local_kv_heads
 
@@ -96,7 +99,12 @@ class ModelRunner:
         if cache_config.kv_offload_memory != 0 and cache_config.enable_prefix_caching:
             num_host_blocks = agree_min(num_blocks_for_budget(cache_config.kv_offload_memory,
                                                               bytes_per_token * cache_config.block_size))
-            self.host_kv = HostKVCache(self.kv_cache, num_host_blocks)
+            disk = None
+            if cache_config.kv_offload_dir is not None:
+                identity = model_identity(model_dir, model_config, cache_config)
+                disk = DiskKVStore(block_file_directory(cache_config, identity), identity, self.kv_cache.tensors(),
+                                   cache_config.block_size)
+            self.host_kv = HostKVCache(self.kv_cache, num_host_blocks, disk)
         keep_freed_host_memory()
 
     @torch.inference_mode()

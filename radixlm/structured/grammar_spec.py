@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.config import parse_json_object
+from radixlm.config_values import parse_json_object
 from radixlm.structured.schema_support import check_enforceable, check_structural_tag
 
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "choice", "structural_tag")

@@ -21,7 +21,8 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Protocol
 
-from radixlm.config import CacheConfig, ModelConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.structured.bitmask import GrammarBitmask

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from radixlm.config import CacheConfig, ModelConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput, TokenLogprobs
 from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.model.pooling import embedding_of
@@ -90,9 +91,11 @@ class ModelWorker:
         pooling, prompt logprobs) is named in the output's `errors` (its traceback logged here)."""
         self._update_states(step)
         kv_cache = self.runner.kv_cache
-        transfer_seconds = 0.0
+        transfer_seconds, failed_keys = 0.0, []
         if step.kv_transfers and self.runner.host_kv is not None:
-            transfer_seconds = self.runner.host_kv.apply(kv_cache, step.kv_transfers)
+            transfer_seconds, failed_keys = self.runner.host_kv.apply(kv_cache, step.kv_transfers)
+        if not step.chunks:  # a step of tier transfers only (block files read ahead of a waiting request)
+            return ModelRunnerOutput(kv_transfer_seconds=transfer_seconds, kv_failed_keys=failed_keys)
         if step.block_copies:
             kv_cache.copy_blocks(step.block_copies)
         tables = {chunk.request_id: self.requests[chunk.request_id].block_table for chunk in step.chunks}
@@ -120,7 +123,7 @@ class ModelWorker:
             logits = logits[torch.tensor(list(range(len(logits))) +
                                          [parent_rows[fork.parent_id] for fork in step.forks])]
         sampled, row_errors = sample_isolated(self.sampler, logits, rows, _mask_for(grammar_bitmask))
-        output = ModelRunnerOutput(kv_transfer_seconds=transfer_seconds)
+        output = ModelRunnerOutput(kv_transfer_seconds=transfer_seconds, kv_failed_keys=failed_keys)
         output.errors = {rows[row].request_id: _request_error("sampling", rows[row].request_id, error)
                          for row, error in row_errors.items()}
         self._keep_tokens(step, sampled, output)

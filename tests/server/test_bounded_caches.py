@@ -63,7 +63,7 @@ def test_tools_compile_only_under_a_forced_choice(app):
 
 
 def test_the_flag_is_checked():
-    from radixlm.config import CacheConfig
+    from radixlm.cache_config import CacheConfig
 
     for value in ("0", "-1MiB", "1e40", "12 parsecs", "512KiB", True, float("nan")):
         with pytest.raises(ValueError, match="grammar_cache_bytes"):

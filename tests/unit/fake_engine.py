@@ -25,13 +25,14 @@ def make_request(request_id: str, prompt_len: int, max_tokens: int = 4, priority
 
 
 def runner_output(output: SchedulerOutput, tokens: Mapping[str, list[int]] | None = None,
-                  token_id: int = 7) -> ModelRunnerOutput:
+                  token_id: int = 7, failed_keys: list[bytes] | None = None) -> ModelRunnerOutput:
     """A stand-in worker's result: `tokens` per request (default: `token_id` for each sampling request), and a
-    vector for each pooling request."""
+    vector for each pooling request; `failed_keys`: block files it could not read."""
     if tokens is None:
         tokens = {request_id: [token_id] for request_id in output.sampling_request_ids}
     return ModelRunnerOutput(list(tokens), [list(t) for t in tokens.values()], [None] * len(tokens),
-                             embeddings={request_id: [1.0] for request_id in output.pooling_request_ids})
+                             embeddings={request_id: [1.0] for request_id in output.pooling_request_ids},
+                             kv_failed_keys=failed_keys or [])
 
 
 def step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:

@@ -10,6 +10,7 @@ import pytest
 
 from radixlm.config import SchedulerConfig
 from radixlm.core.block_keys import block_keys
+from radixlm.core.disk_tier import DiskTier, list_block_files
 from radixlm.core.host_tier import HostTier
 from radixlm.core.kv_cache_manager import KVCacheManager
 from radixlm.core.scheduler import Scheduler
@@ -58,20 +59,39 @@ def test_host_tier_forgets_a_namespace_and_frees_pinned_blocks_only_after_the_st
 
 
 class BlockContents:
-    """A stand-in worker that keeps each device and host block's tokens and checks every context it reads."""
+    """A stand-in worker that keeps each device and host block's tokens (and each block file's) and checks every
+    context it reads. `lose_files`: the chance that a block file is gone (or bad) when it is read."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, lose_files: float = 0.0, seed: int = 0) -> None:
         self.block_size = block_size
         self.device: dict[int, list[int | None]] = {}
         self.host: dict[int, list[int | None]] = {}
+        self.files: dict[bytes, list[int | None]] = {}
         self.num_loads = 0
+        self.lose_files = lose_files
+        self.rng = random.Random(seed)
 
-    def run(self, scheduler: Scheduler, output: SchedulerOutput) -> None:
+    def run(self, scheduler: Scheduler, output: SchedulerOutput) -> list[bytes]:
+        """Apply the step; returns the block files it could not read."""
         size = self.block_size
-        if output.kv_transfers is not None:
-            for device_block, host_block in output.kv_transfers.offloads:
+        failed = []
+        transfers = output.kv_transfers
+        if transfers is not None:
+            for key in transfers.disk_deletes:
+                self.files.pop(key, None)
+            for host_block, key in transfers.disk_writes:
+                self.files[key] = list(self.host[host_block])
+            for device_block, key in transfers.device_saves:
+                self.files[key] = list(self.device[device_block])
+            for device_block, host_block in transfers.offloads:
                 self.host[host_block] = list(self.device[device_block])
-            for host_block, device_block in output.kv_transfers.loads:
+            for key, host_block in transfers.disk_reads:
+                if key not in self.files or self.rng.random() < self.lose_files:
+                    failed.append(key)
+                    self.host[host_block] = [-1] * size  # what a bad file would leave
+                else:
+                    self.host[host_block] = list(self.files[key])
+            for host_block, device_block in transfers.loads:
                 self.device[device_block] = list(self.host[host_block])
                 self.num_loads += 1
         for src, dst, num_tokens in output.block_copies:
@@ -87,6 +107,14 @@ class BlockContents:
                                        strict=True):
                 block = self.device.setdefault(table[position // size], [None] * size)
                 block[position % size] = token
+        return failed
+
+
+def _drive(scheduler: Scheduler, worker: BlockContents) -> None:
+    output = scheduler.schedule()
+    failed = worker.run(scheduler, output)
+    scheduler.update_from_output(output, runner_output(output, failed_keys=failed))
+    scheduler.check_invariants()
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -128,3 +156,72 @@ def test_a_reset_drops_instead_of_offloading_and_empties_the_host():
         scheduler.update_from_output(output, runner_output(output))
     manager.reset_prefix_cache()
     assert manager.take_transfers() is None and len(manager.offload.host) == 0  # type: ignore[union-attr]
+
+
+def _workload(scheduler: Scheduler, worker: BlockContents, rng: random.Random, num_requests: int,
+              prefixes: list[list[int]], first_index: int = 0) -> None:
+    for index in range(first_index, first_index + num_requests):
+        prompt = rng.choice(prefixes) + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 6))]
+        scheduler.add_request(Request(f"r{index}", prompt, SamplingParams(max_tokens=rng.randrange(1, 4),
+                                                                         ignore_eos=True), arrival_order=index))
+        for _ in range(rng.randrange(0, 3)):
+            if scheduler.requests:
+                _drive(scheduler, worker)
+    while scheduler.requests:
+        _drive(scheduler, worker)
+
+
+def _disk_manager(num_host_blocks: int, disk: DiskTier) -> tuple[KVCacheManager, Scheduler]:
+    manager = KVCacheManager(24, 4, enable_prefix_caching=True, num_host_blocks=num_host_blocks, disk=disk,
+                             salt=b"model")
+    return manager, Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=3), manager, max_model_len=80)
+
+
+@pytest.mark.parametrize(("seed", "lose_files"), [(0, 0.0), (1, 0.0), (2, 0.3), (3, 0.3)])
+def test_blocks_dropped_to_disk_come_back_with_the_right_tokens_or_are_recomputed(seed, lose_files):
+    """A host tier too small for the prefixes drops blocks to disk; prompts that reach them wait a step for the
+    files, then load them; a file that is gone or bad is forgotten and its tokens recomputed. Every context a
+    chunk reads holds its request's tokens."""
+    rng = random.Random(seed)
+    manager, scheduler = _disk_manager(6, DiskTier(200))
+    worker = BlockContents(4, lose_files, seed)
+    prefixes = [[rng.randrange(3, 500) for _ in range(rng.randrange(9, 40))] for _ in range(5)]
+    _workload(scheduler, worker, rng, 60, prefixes)
+    stats = manager.offload.stats  # type: ignore[union-attr]
+    assert stats.num_disk_written_blocks > 0 and stats.num_disk_read_blocks > 0
+    assert (stats.num_disk_failed_blocks > 0) == (lose_files > 0)
+    assert set(worker.files) >= set(manager.offload.disk.keys())  # type: ignore[union-attr]
+
+
+def test_saved_prefixes_serve_a_restarted_scheduler():
+    """`persist` writes the tree's and the host tier's blocks; a new scheduler over the same files (keys salted by
+    the same model) finds them, and one salted by another model does not."""
+    rng = random.Random(9)
+    manager, scheduler = _disk_manager(8, DiskTier(100))
+    worker = BlockContents(4)
+    prefixes = [[rng.randrange(3, 500) for _ in range(32)] for _ in range(3)]
+    _workload(scheduler, worker, rng, 6, prefixes)
+    transfers = manager.persist_transfers()
+    assert transfers is not None and transfers.device_saves
+    worker.run(scheduler, SchedulerOutput(kv_transfers=transfers))
+    for salt, expect_hits in ((b"model", True), (b"other model", False)):
+        restarted = KVCacheManager(24, 4, enable_prefix_caching=True, num_host_blocks=8,
+                                   disk=DiskTier(100, list(worker.files)), salt=salt)
+        scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=3), restarted, max_model_len=80)
+        fresh = BlockContents(4)
+        fresh.files = dict(worker.files)
+        _workload(scheduler, fresh, rng, 3, prefixes, first_index=100)
+        assert (restarted.offload.stats.num_disk_read_blocks > 0) == expect_hits  # type: ignore[union-attr]
+
+
+def test_disk_tier_keeps_its_budget_least_recently_used_first(tmp_path):
+    disk = DiskTier(2, [b"a", b"b", b"c"])
+    assert disk.take_deletions() == [b"a"] and disk.keys() == [b"b", b"c"]
+    disk.touch(b"b")
+    assert disk.add(b"d") == [b"c"] and disk.keys() == [b"b", b"d"]
+    disk.discard(b"b")
+    assert b"b" not in disk and len(disk) == 1
+    for name in ("00ff.kv", "zz.kv", "0a0b.kv.123.tmp", "notes.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    assert list_block_files(tmp_path) == [bytes.fromhex("00ff")]
+    assert list_block_files(tmp_path / "missing") == []

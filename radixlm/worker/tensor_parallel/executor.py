@@ -19,7 +19,8 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from radixlm.config import CacheConfig, ModelConfig, ParallelConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig, ParallelConfig
 from radixlm.model.sharding import check_tensor_parallel
 from radixlm.worker.process import WorkerProcess
 from radixlm.worker.tensor_parallel.group import RankInfo, node_ranks, rendezvous

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from radixlm.config import CacheConfig, ModelConfig
+from radixlm.cache_config import CacheConfig
+from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.model.device import resolve_device
 from radixlm.structured.bitmask import GrammarBitmask
