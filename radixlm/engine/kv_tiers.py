@@ -39,11 +39,16 @@ def build_kv_cache_manager(config: EngineConfig, info: WorkerInfo, model_dir: Pa
 
 
 def persist_kv_tiers(engine: LLMEngine) -> None:
-    """At a clean shutdown (no request live): write the cached prefixes to the disk tier, if there is one."""
-    transfers = engine.scheduler.kv_cache_manager.persist_transfers()
-    if transfers is None:
+    """At a clean shutdown (no request live): write the cached prefixes to the disk tier, if there is one. A
+    failure is logged: it loses a cache, not the shutdown."""
+    try:
+        transfers = engine.scheduler.kv_cache_manager.persist_transfers()
+        if transfers is None:
+            return
+        output = engine.worker.execute_model(SchedulerOutput(kv_transfers=transfers))
+    except Exception:
+        logger.exception("saving the KV cache to the disk tier failed")
         return
-    output = engine.worker.execute_model(SchedulerOutput(kv_transfers=transfers))
     num_saved = len(transfers.device_saves) + len(transfers.disk_writes) - len(output.kv_failed_keys)
     logger.info("saved %d KV blocks of cached prefixes to the disk tier", num_saved)
 

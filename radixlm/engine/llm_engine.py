@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
-from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -50,6 +49,7 @@ from radixlm.speculative.drafter import NgramDrafter
 from radixlm.structured.bitmask import GrammarBitmask
 from radixlm.structured.manager import StructuredOutputs
 from radixlm.worker.process import WorkerDiedError, WorkerProcess
+from radixlm.worker.start import start_worker
 from radixlm.worker.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class LLMEngine:
         self.config = config
         model_dir = resolve_model_dir(config.model.model)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(model_dir)
-        self.worker: ModelWorker | WorkerProcess = _start_worker(model_dir, config)
+        self.worker: ModelWorker | WorkerProcess = start_worker(model_dir, config)
         self.worker_info = info = self.worker.info()
         self.max_model_len = max_model_len(config.model.max_model_len, info.num_kv_slots,
                                            info.max_position_embeddings)
@@ -287,23 +287,9 @@ class LLMEngine:
     def close(self) -> None:
         """Save the cached prefixes to the disk tier (if any), then stop the worker process, if the worker runs in
         one."""
-        try:
-            persist_kv_tiers(self)
-        except Exception:  # a failed save loses a cache, not the shutdown
-            logger.exception("saving the KV cache to the disk tier failed")
+        persist_kv_tiers(self)
         if isinstance(self.worker, WorkerProcess):
             self.worker.close()
-
-
-def _start_worker(model_dir: Path, config: EngineConfig) -> ModelWorker | WorkerProcess:
-    """In this process (uni), in a child process (mp), or as tensor-parallel ranks (tensor_parallel_size > 1)."""
-    if config.parallel.tensor_parallel_size > 1:
-        from radixlm.worker.tensor_parallel.executor import TensorParallelExecutor
-
-        return TensorParallelExecutor(model_dir, config.model, config.cache, config.parallel)
-    if config.model.distributed_executor_backend == "mp":
-        return WorkerProcess(model_dir, config.model, config.cache, config.lora.enabled)
-    return ModelWorker(model_dir, config.model, config.cache, enable_lora=config.lora.enabled)
 
 
 def build_engine(**kwargs: object) -> LLMEngine:

@@ -104,8 +104,7 @@ class TraceRecorder:
                            c.start_position == by_id[c.request_id].num_cached_tokens and
                            by_id[c.request_id].num_output_tokens == int(c.samples)},
             "evicted_blocks": evicted, "kv_used_blocks": manager.block_pool.num_used_blocks,
-            "offloaded_blocks": len(output.kv_transfers.offloads) if output.kv_transfers else 0,
-            "loaded_blocks": len(output.kv_transfers.loads) if output.kv_transfers else 0,
+            **_tier_moves(output),
             "num_running": scheduler.num_running, "num_waiting": scheduler.num_waiting})
 
     def finish(self, parent: ParentRequest, output: RequestOutput) -> None:
@@ -124,3 +123,14 @@ class TraceRecorder:
 def _lora_fields(lora_request: LoRARequest | None) -> dict[str, object]:
     """The adapter of a request's arrival (none for the base model): its name and id, which key its prefixes."""
     return {} if lora_request is None else {"lora_name": lora_request.lora_name, "lora_id": lora_request.lora_int_id}
+
+
+def _tier_moves(output: SchedulerOutput) -> dict[str, int]:
+    """A step's KV tier copies, in blocks: device to host and back, host (or, at shutdown, device) to disk and
+    back."""
+    transfers = output.kv_transfers
+    if not transfers:
+        return {}
+    return {"offloaded_blocks": len(transfers.offloads), "loaded_blocks": len(transfers.loads),
+            "disk_written_blocks": len(transfers.disk_writes) + len(transfers.device_saves),
+            "disk_read_blocks": len(transfers.disk_reads)}

@@ -40,7 +40,10 @@ class DiskKVStore:
         self.layout = [[list(t.shape[1:]), str(t.dtype).removeprefix("torch.")] for t in tensors]
         self.block_size = block_size
         self.block_bytes = [t[0].numel() * t.element_size() * block_size for t in tensors]
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"kv_offload_dir: cannot create {directory}: {error}") from error
 
     def path(self, key: bytes) -> Path:
         return self.directory / f"{key.hex()}{FILE_SUFFIX}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
+import psutil
 import torch
 
 from radixlm.core.host_tier import KVTransfers
@@ -27,6 +28,11 @@ class HostKVCache:
         self.num_blocks = num_blocks
         self.block_size = kv_cache.block_size
         self.disk = disk
+        num_bytes = num_blocks * sum(t[0].numel() * t.element_size() for t in kv_cache.tensors()) * self.block_size
+        available = psutil.virtual_memory().available
+        if num_bytes > available:
+            raise ValueError(f"kv_offload_memory: {num_bytes / 2**30:.1f} GiB of host blocks, but only "
+                             f"{available / 2**30:.1f} GiB of memory is free")
         pin = kv_cache.device.type == "cuda"
         # Zeroed, so the memory is committed now, as the device cache's is.
         self.tensors = [torch.zeros((num_blocks * self.block_size, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)

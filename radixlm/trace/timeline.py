@@ -88,7 +88,8 @@ def chrome_trace(trace: Trace) -> dict[str, Any]:
                            "dur": us(seconds), "args": {k: event[k] for k in (
                                "schedule_s", "forward_s", "sample_s", "outputs_s", "num_running", "num_waiting",
                                "kv_used_blocks")} | {"num_chunks": len(event["chunks"])} | {
-                               k: event[k] for k in ("evicted_blocks", "offloaded_blocks", "loaded_blocks")
+                               k: event[k] for k in ("evicted_blocks", "offloaded_blocks", "loaded_blocks",
+                                                     "disk_written_blocks", "disk_read_blocks")
                                if event.get(k)}})
             for seq_id, start_position, num_tokens in event["chunks"]:
                 user_id = seq_id.split("#")[0]

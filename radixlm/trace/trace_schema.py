@@ -184,7 +184,7 @@ def check_step(event: dict[str, Any]) -> None:
         flag(event["forward_failed"], "forward_failed")
     for name in ("kv_used_blocks", "num_running", "num_waiting"):
         integer(required(event, name), name, 0, MAX_COUNT)
-    for name in ("evicted_blocks", "offloaded_blocks", "loaded_blocks"):
+    for name in ("evicted_blocks", "offloaded_blocks", "loaded_blocks", "disk_written_blocks", "disk_read_blocks"):
         if name in event:
             integer(event[name], name, 0, MAX_COUNT)
 

@@ -29,8 +29,9 @@ def step_features(chunks: list[tuple[str, int, int]], moved_blocks: int = 0) -> 
 
 
 def moved_blocks(step: dict[str, Any]) -> int:
-    """A recorded step's host-tier copies (offloaded and loaded blocks)."""
-    return int(step.get("offloaded_blocks", 0)) + int(step.get("loaded_blocks", 0))
+    """A recorded step's tier copies: blocks to and from host memory and disk."""
+    return sum(int(step.get(name, 0)) for name in ("offloaded_blocks", "loaded_blocks", "disk_written_blocks",
+                                                    "disk_read_blocks"))
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,9 @@ def simulate(trace: Trace, model: CostModel, **overrides: Any) -> RunMetrics:
                 continue
             break
         transfers = output.kv_transfers
-        clock += model.predict([(c.request_id, c.start_position, c.num_tokens) for c in output.chunks],
-                               len(transfers.offloads) + len(transfers.loads) if transfers else 0)
+        moved = (len(transfers.offloads) + len(transfers.loads) + len(transfers.disk_writes) +
+                 len(transfers.device_saves) + len(transfers.disk_reads)) if transfers else 0
+        clock += model.predict([(c.request_id, c.start_position, c.num_tokens) for c in output.chunks], moved)
         _stand_in_tokens(state, output, recorded, token_times, clock)
     return _metrics(arrival_times, token_times, clock - (arrivals[0]["time"] if arrivals else 0.0))
 

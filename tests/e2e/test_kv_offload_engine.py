@@ -1,6 +1,8 @@
 """The host tier under the radix tree on a real (tiny) model: prefixes evicted from a small device cache come back
 from host memory and give exactly the tokens recomputing them gives; the copies move every tensor of the cache."""
 
+import json
+
 import pytest
 import torch
 
@@ -62,3 +64,23 @@ def test_host_copies_move_every_tensor_and_the_last_load_of_a_block_wins():
         blocks_old, blocks_new = old.view(6, 4, *old.shape[1:]), new.view(6, 4, *new.shape[1:])
         assert torch.equal(blocks_new[0], blocks_old[1]) and torch.equal(blocks_new[3], blocks_old[1])
         assert torch.equal(blocks_new[[1, 2, 4, 5]], blocks_old[[1, 2, 4, 5]])
+
+
+def test_a_trace_shows_tier_moves_and_replays_them(tiny_model_dir, tmp_path):
+    """With a host tier the trace records each step's offloaded and loaded blocks, and its replay (a scheduler
+    with the same host tier) makes every recorded decision again."""
+    from radixlm.trace.replay import Trace, replay
+
+    path = tmp_path / "trace.jsonl"
+    engine = build_engine(model=str(tiny_model_dir("llama")), num_kv_blocks=20, block_size=4,
+                          kv_offload_memory="1MiB", trace=str(path))
+    for index, prompt in enumerate(_prompts()):
+        engine.add_request(f"r{index}", prompt, PARAMS)
+        while engine.has_unfinished_requests():
+            engine.step()
+    engine.tracer.close()
+    steps = [event for event in map(json.loads, path.read_text().splitlines()) if event["event"] == "step"]
+    assert sum(step.get("offloaded_blocks", 0) for step in steps) > 0
+    assert sum(step.get("loaded_blocks", 0) for step in steps) > 0
+    num_matched, divergence = replay(Trace.load(path))
+    assert divergence is None and num_matched == len(steps)
