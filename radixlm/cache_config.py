@@ -52,13 +52,13 @@ class CacheConfig:
             if self.kv_offload_memory == 0 or not self.enable_prefix_caching:
                 raise ValueError("kv_offload_dir is the tier under the host tier: it needs kv_offload_memory > 0 "
                                  "and prefix caching")
+        parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
 
     @property
     def kv_offload_disk_num_bytes(self) -> int:
         return parse_bytes(self.kv_offload_disk_bytes, "kv_offload_disk_bytes")
-        parse_bytes(self.grammar_cache_bytes, "grammar_cache_bytes")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
 
     @property
     def grammar_cache_num_bytes(self) -> int:

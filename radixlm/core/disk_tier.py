@@ -24,13 +24,13 @@ def list_block_files(directory: Path) -> list[bytes]:
         entries = [entry for entry in os.scandir(directory) if entry.name.endswith(FILE_SUFFIX) and entry.is_file()]
     except FileNotFoundError:
         return []
-    keys = []
-    for entry in sorted(entries, key=lambda entry: entry.stat().st_mtime):
+    dated = []
+    for entry in entries:
         try:
-            keys.append(bytes.fromhex(entry.name[:-len(FILE_SUFFIX)]))
-        except ValueError:
-            continue  # not one of ours
-    return keys
+            dated.append((entry.stat().st_mtime, bytes.fromhex(entry.name[:-len(FILE_SUFFIX)])))
+        except (OSError, ValueError):
+            continue  # gone since the listing, or not one of ours
+    return [key for _, key in sorted(dated)]
 
 
 class DiskTier:

@@ -104,6 +104,10 @@ class HostTier:
     def is_reading(self, key: bytes) -> bool:
         return key in self._reading
 
+    def reading_keys(self) -> list[bytes]:
+        """The keys whose disk reads were handed over and are not finished."""
+        return list(self._reading)
+
     def finish_reads(self, failed: set[bytes]) -> None:
         """The disk reads handed over are done: each key holds its block (most recently used), but those in
         `failed`, whose blocks are free again."""

@@ -129,6 +129,12 @@ class KVCacheManager:
         if self.offload is not None:
             self.offload.finish_transfers(transfers, failed_keys)
 
+    def cancel_transfers(self) -> None:
+        """The step whose transfers were handed over failed before its copies ran: the host blocks its disk reads
+        were to fill are free again (the files stay on disk)."""
+        if self.offload is not None:
+            self.offload.host.finish_reads(failed=set(self.offload.host.reading_keys()))
+
     def persist_transfers(self) -> KVTransfers | None:
         """At a clean shutdown: the transfers that save the cached prefixes to disk (None without a disk tier)."""
         if self.offload is None or self.offload.disk is None:

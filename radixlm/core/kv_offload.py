@@ -62,6 +62,7 @@ class KVOffload:
         self._allocate = allocate
         self._transfers = KVTransfers()
         self._loading: set[int] = set()  # device blocks this step's loads write
+        self._queued_writes: set[bytes] = set()  # keys this step's disk writes name
         self.enabled = True  # off while the tree is reset on purpose: what it drops is not kept
         self.disk = disk
         self.salt = salt
@@ -126,15 +127,29 @@ class KVOffload:
 
     def _spill(self, key: bytes, namespace: int, host_block: int) -> None:
         """The host tier drops `key`: write it to disk first (base-model blocks not on disk yet)."""
-        assert self.disk is not None
         if namespace != 0 or not self.enabled:
             return
+        self._write(self._transfers, self._queued_writes, key, host_block, from_device=False)
+
+    def _write(self, transfers: KVTransfers, queued: set[bytes], key: bytes, block: int, from_device: bool) -> None:
+        """Queue the file of `key` (from a device or a host block) in `transfers` (`queued`: the keys their writes
+        name) and keep the disk tier within its budget: a key pushed out loses its file or, when its write is
+        still queued, the write (a file written after its delete would be on disk and known to no one)."""
+        assert self.disk is not None
         if key in self.disk:
             self.disk.touch(key)
             return
-        self._transfers.disk_writes.append((host_block, key))
-        self._transfers.disk_deletes += self.disk.add(key)
+        (transfers.device_saves if from_device else transfers.disk_writes).append((block, key))
+        queued.add(key)
         self.stats.num_disk_written_blocks += 1
+        for dropped in self.disk.add(key):
+            if dropped not in queued:
+                transfers.disk_deletes.append(dropped)
+                continue
+            queued.discard(dropped)
+            transfers.disk_writes = [write for write in transfers.disk_writes if write[1] != dropped]
+            transfers.device_saves = [save for save in transfers.device_saves if save[1] != dropped]
+            self.stats.num_disk_written_blocks -= 1
 
     def prefetch(self, token_ids: list[int], namespace: int) -> bool:
         """Read the block files that continue the device and host tiers' match of `token_ids` into host blocks
@@ -145,7 +160,7 @@ class KVOffload:
         keys = self._keys(token_ids, namespace)
         pending = False
         for key in keys[matched // self.block_size:]:
-            if key in self.host:
+            if self.host.pin(key) is not None:  # pinned: the reads below must not push it out
                 continue
             if self.host.is_reading(key):
                 pending = True
@@ -173,8 +188,9 @@ class KVOffload:
         self.stats.num_disk_failed_blocks += len(failed)
 
     def persist(self) -> KVTransfers:
-        """At a clean shutdown: the transfers that write the base model's blocks still in the tree and in the host
-        tier (most recently used first, as many as the disk budget holds) to disk."""
+        """At a clean shutdown, once the pending transfers ran (`take_transfers`): the transfers that write the base
+        model's blocks still in the tree and in the host tier (most recently used first, as many as the disk budget
+        holds) to disk."""
         if self.disk is None:
             return KVTransfers()
         saves: list[tuple[int, bytes]] = []
@@ -187,20 +203,17 @@ class KVOffload:
                     seen.add(key)
                     saves.append((node.block_ids[index - first], key))
         writes = [(block, key) for key, block, namespace in self.host.entries() if namespace == 0 and key not in seen]
-        transfers = self.take_transfers() or KVTransfers()  # what is still pending goes first
+        transfers, queued = KVTransfers(), set[bytes]()
         chosen = [(True, *save) for save in saves] + [(False, *write) for write in writes]
         for from_device, block, key in reversed(chosen[:self.disk.num_blocks]):  # least recent first: the most
-            if key in self.disk:                                                # recent end up most recently used
-                self.disk.touch(key)
-                continue
-            transfers.disk_deletes += self.disk.add(key)
-            (transfers.device_saves if from_device else transfers.disk_writes).append((block, key))
+            self._write(transfers, queued, key, block, from_device)             # recent end up most recently used
         return transfers
 
     def take_transfers(self) -> KVTransfers | None:
         """The copies the step being handed to the worker must apply first (None when there are none); after
         this, their blocks may be reused."""
         transfers, self._transfers = self._transfers, KVTransfers()
+        self._queued_writes = set()
         self._loading.clear()
         self.host.step_handed_over()
         return transfers or None

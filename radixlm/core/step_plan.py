@@ -50,12 +50,12 @@ class StepPlan:
         if not self.preempted_request_ids:
             self._schedule_waiting(budget)
         chunks = list(self.scheduled.values())
+        self._fork_groups(chunks)  # its allocations may evict, and so offload: before the transfers are taken
         transfers = scheduler.kv_cache_manager.take_transfers()
         if not chunks and not scheduler.running and scheduler.waiting and not self.preempted_request_ids \
                 and not (transfers and transfers.disk_reads):
             raise RuntimeError(f"scheduler made no progress with {len(scheduler.waiting)} waiting requests and "
                                f"nothing running (first: {scheduler.waiting.peek()!r}); this is a bug")
-        self._fork_groups(chunks)
         positions = {}
         for chunk in chunks:
             group = scheduler.group_of(chunk.request_id)
@@ -112,12 +112,14 @@ class StepPlan:
                                      scheduler.requests[c.request_id].lora_id)
                      for c in self.scheduled.values() if c.num_tokens > 1] if kv.radix_cache is not None else []
         for request in list(scheduler.waiting):
-            if budget == 0 or (freed := self._make_seats(request)) is None:
+            if budget == 0:
                 break
-            budget += freed
             reuse_cache = reuses_prefix_cache(request)  # not with prompt logprobs or mean pooling
             if reuse_cache and kv.prefetch(request):
                 continue  # its prefix's block files are being read into the host tier: next step it hits
+            if (freed := self._make_seats(request)) is None:
+                break
+            budget += freed
             match = kv.match_prefix(request) if reuse_cache else None
             num_cached = match.num_tokens if match else 0
             if reuse_cache and in_flight and kv.radix_cache is not None and \

@@ -31,7 +31,11 @@ def build_kv_cache_manager(config: EngineConfig, info: WorkerInfo, model_dir: Pa
         identity = model_identity(model_dir, config.model, cache)
         directory = block_file_directory(cache, identity)
         found = list_block_files(directory)
-        disk = DiskTier(cache.kv_offload_disk_num_bytes // max(1, info.kv_bytes_per_block), found)
+        num_blocks = cache.kv_offload_disk_num_bytes // max(1, info.kv_bytes_per_block)
+        if num_blocks < 1:
+            raise ValueError(f"kv_offload_disk_bytes {cache.kv_offload_disk_bytes!r} holds no block of "
+                             f"{info.kv_bytes_per_block} bytes")
+        disk = DiskTier(num_blocks, found)
         logger.info("KV disk tier: %s holds %d block files of this model (budget %d blocks)", directory,
                     len(found), disk.num_blocks)
     return KVCacheManager(info.num_kv_blocks, cache.block_size, cache.enable_prefix_caching, info.num_host_blocks,
@@ -41,8 +45,15 @@ def build_kv_cache_manager(config: EngineConfig, info: WorkerInfo, model_dir: Pa
 def persist_kv_tiers(engine: LLMEngine) -> None:
     """At a clean shutdown (no request live): write the cached prefixes to the disk tier, if there is one. A
     failure is logged: it loses a cache, not the shutdown."""
+    manager = engine.scheduler.kv_cache_manager
     try:
-        transfers = engine.scheduler.kv_cache_manager.persist_transfers()
+        if manager.offload is None or manager.offload.disk is None:
+            return
+        pending = manager.take_transfers()  # first, so that the host blocks they fill are written filled
+        if pending:
+            manager.finish_transfers(pending, engine.worker.execute_model(SchedulerOutput(kv_transfers=pending))
+                                     .kv_failed_keys)
+        transfers = manager.persist_transfers()
         if transfers is None:
             return
         output = engine.worker.execute_model(SchedulerOutput(kv_transfers=transfers))

@@ -235,11 +235,11 @@ class LLMEngine:
             failed = str(RequestError.of("the forward pass", error))
             request_ids = scheduler_output.sampling_request_ids + [c.request_id for c in scheduler_output.chunks]
             self._record(self.scheduler.fail_groups(dict.fromkeys(request_ids, failed)))
-            transfers = scheduler_output.kv_transfers
-            if transfers:  # the tree may name blocks whose loads never ran, the host tier blocks never read
+            if scheduler_output.kv_transfers:  # the tree may name blocks whose loads never ran, the host tier
+                self.scheduler.kv_cache_manager.cancel_transfers()  # blocks whose files were never read
                 self.scheduler.kv_cache_manager.reset_prefix_cache()
             self.check_invariants()
-            return ModelRunnerOutput(kv_failed_keys=[key for key, _ in transfers.disk_reads] if transfers else [])
+            return ModelRunnerOutput()
         self._num_failed_forwards = 0
         if scheduler_output.kv_transfers:
             self.kv_transfer_seconds += result.kv_transfer_seconds

@@ -41,7 +41,7 @@ class DiskKVStore:
         self.block_size = block_size
         self.block_bytes = [t[0].numel() * t.element_size() * block_size for t in tensors]
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as error:
             raise ValueError(f"kv_offload_dir: cannot create {directory}: {error}") from error
 
@@ -60,7 +60,9 @@ class DiskKVStore:
         path = self.path(key)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
-            with temporary.open("wb") as file:
+            temporary.unlink(missing_ok=True)  # a leftover of a crash; O_EXCL below refuses anything in the way
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(descriptor, "wb") as file:
                 file.write(body)
                 file.write(hashlib.blake2b(body, digest_size=_DIGEST_BYTES).digest())
             os.replace(temporary, path)
@@ -74,7 +76,11 @@ class DiskKVStore:
         """Fill one block (`into`: a `[block_size, ...]` slice of each host tensor) from its file; False (the file
         deleted, a warning logged) when it is missing, unreadable, or not exactly what this store would write."""
         path = self.path(key)
+        expected = len(MAGIC) + 4 + len(self._header(key)) + sum(self.block_bytes) + _DIGEST_BYTES
         try:
+            size = path.stat().st_size
+            if size != expected:  # before reading: a huge file is not read
+                raise BadBlockFile(f"{size} bytes, expected {expected}")
             data = bytearray(path.read_bytes())
             payload = self._check(key, data)
         except (OSError, BadBlockFile) as error:

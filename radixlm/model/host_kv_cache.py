@@ -20,6 +20,8 @@ from radixlm.model.kv_cache import PagedKVCache
 
 logger = logging.getLogger(__name__)
 
+HEADROOM = 0.9  # the most of the free memory a fractional --kv-offload-memory takes: the system needs the rest
+
 
 class HostKVCache:
     """`num_blocks` blocks of host memory for the KV blocks of `kv_cache`, and the disk tier's files below them."""

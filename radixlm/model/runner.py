@@ -13,12 +13,13 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from radixlm.cache_config import CacheConfig
 from radixlm.config import ModelConfig
+from radixlm.config_values import parse_memory
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
 from radixlm.model.collectives import agree_min
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
 from radixlm.model.disk_kv_store import DiskKVStore
-from radixlm.model.host_kv_cache import HostKVCache
+from radixlm.model.host_kv_cache import HEADROOM, HostKVCache
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache, kv_bytes_per_token, num_blocks_for_budget
 from radixlm.model.loader import load_model
@@ -97,8 +98,10 @@ class ModelRunner:
                                      self.shape.num_kv_heads, self.shape.head_dim, kv_dtype, self.device)
         self.host_kv: HostKVCache | None = None  # the host tier under the radix tree (--kv-offload-memory)
         if cache_config.kv_offload_memory != 0 and cache_config.enable_prefix_caching:
-            num_host_blocks = agree_min(num_blocks_for_budget(cache_config.kv_offload_memory,
-                                                              bytes_per_token * cache_config.block_size))
+            budget = parse_memory(cache_config.kv_offload_memory, "kv_offload_memory")
+            if budget <= 1.0:  # a fraction of the free memory, which every rank of this machine reads alike
+                budget = min(budget * HEADROOM, 1.0) / tensor_parallel_size
+            num_host_blocks = agree_min(num_blocks_for_budget(budget, bytes_per_token * cache_config.block_size))
             disk = None
             if cache_config.kv_offload_dir is not None:
                 identity = model_identity(model_dir, model_config, cache_config)

@@ -103,3 +103,23 @@ def test_prefixes_saved_at_shutdown_serve_the_restarted_engine(tiny_model_dir, t
         assert stats.num_disk_read_blocks > 0 and stats.num_hit_tokens >= 40 and stats.num_disk_failed_blocks == 0
     other = _engine(str(tiny_model_dir("qwen2")), tmp_path)  # another model: its own directory, no file of ours
     assert len(other.scheduler.kv_cache_manager.offload.disk) == 0
+
+
+def test_the_model_identity_changes_with_the_weights_and_the_settings(tmp_path):
+    from radixlm.cache_config import CacheConfig
+    from radixlm.config import ModelConfig
+    from radixlm.model.model_identity import model_identity
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    weights = bytearray(torch.randint(0, 256, (5 << 20,), dtype=torch.uint8).numpy().tobytes())
+    (tmp_path / "model.safetensors").write_bytes(weights)
+    model, cache = ModelConfig(model=str(tmp_path)), CacheConfig()
+    identity = model_identity(tmp_path, model, cache)
+    assert model_identity(tmp_path, model, cache) == identity
+    assert model_identity(tmp_path, model, CacheConfig(kv_cache_dtype="int8")) != identity
+    assert model_identity(tmp_path, ModelConfig(model=str(tmp_path), dtype="bfloat16"), cache) != identity
+    for offset in (10, len(weights) // 2, len(weights) - 10):  # the head, an evenly spaced piece, the tail
+        changed = bytearray(weights)
+        changed[offset] ^= 1
+        (tmp_path / "model.safetensors").write_bytes(changed)
+        assert model_identity(tmp_path, model, cache) != identity, offset

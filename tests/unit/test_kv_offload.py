@@ -107,6 +107,9 @@ class BlockContents:
                                        strict=True):
                 block = self.device.setdefault(table[position // size], [None] * size)
                 block[position % size] = token
+        for fork in output.forks:  # after the forward, as the worker does
+            for src, dst, num_tokens in fork.block_copies:
+                self.device[dst] = self.device[src][:num_tokens] + [None] * (size - num_tokens)
         return failed
 
 
@@ -159,11 +162,13 @@ def test_a_reset_drops_instead_of_offloading_and_empties_the_host():
 
 
 def _workload(scheduler: Scheduler, worker: BlockContents, rng: random.Random, num_requests: int,
-              prefixes: list[list[int]], first_index: int = 0) -> None:
+              prefixes: list[list[int]], first_index: int = 0, n: int = 1) -> None:
     for index in range(first_index, first_index + num_requests):
         prompt = rng.choice(prefixes) + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 6))]
-        scheduler.add_request(Request(f"r{index}", prompt, SamplingParams(max_tokens=rng.randrange(1, 4),
-                                                                         ignore_eos=True), arrival_order=index))
+        params = SamplingParams(max_tokens=rng.randrange(1, 4), ignore_eos=True, n=rng.randrange(1, n + 1))
+        first = Request(f"r{index}", prompt, params, arrival_order=index)
+        siblings = [Request(f"r{index}#{k}", prompt, params, arrival_order=index) for k in range(1, params.n)]
+        scheduler.add_request(first, siblings)
         for _ in range(rng.randrange(0, 3)):
             if scheduler.requests:
                 _drive(scheduler, worker)
@@ -225,3 +230,51 @@ def test_disk_tier_keeps_its_budget_least_recently_used_first(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     assert list_block_files(tmp_path) == [bytes.fromhex("00ff")]
     assert list_block_files(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_a_fork_takes_are_offloaded_before_the_fork_copy_overwrites_them(seed):
+    """n > 1 requests fork after their prompt: the child's fresh block may come from evicting a tree leaf, whose
+    offload must run in the same step, before the fork's copy overwrites the block."""
+    rng = random.Random(seed)
+    manager, scheduler = _disk_manager(40, DiskTier(200))
+    worker = BlockContents(4)
+    prefixes = [[rng.randrange(3, 500) for _ in range(rng.randrange(9, 40))] for _ in range(5)]
+    _workload(scheduler, worker, rng, 40, prefixes, n=3)
+    assert manager.offload.stats.num_loaded_blocks > 0  # type: ignore[union-attr]
+
+
+def test_a_prompt_longer_than_the_host_tier_still_runs_after_a_restart():
+    """Its disk blocks cannot all be in the host tier at once: it reads what fits, then runs (loading those and
+    recomputing the rest), instead of reading the same files every step."""
+    rng = random.Random(4)
+    manager, scheduler = _disk_manager(12, DiskTier(100))
+    worker = BlockContents(4)
+    prefix = [rng.randrange(3, 500) for _ in range(60)]
+    _workload(scheduler, worker, rng, 1, [prefix])
+    transfers = manager.persist_transfers()
+    assert transfers is not None
+    worker.run(scheduler, SchedulerOutput(kv_transfers=transfers))
+    restarted, scheduler = _disk_manager(4, DiskTier(100, list(worker.files)))
+    fresh = BlockContents(4)
+    fresh.files = dict(worker.files)
+    scheduler.add_request(Request("again", [*prefix, 7], SamplingParams(max_tokens=1), arrival_order=0))
+    for _ in range(10):
+        if not scheduler.requests:
+            break
+        _drive(scheduler, fresh)
+    assert not scheduler.requests, "the request never ran"
+    assert restarted.offload.stats.num_hit_tokens > 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("budget", [1, 3])
+def test_a_tiny_disk_budget_leaves_no_file_the_tier_does_not_know(budget):
+    rng = random.Random(budget)
+    manager, scheduler = _disk_manager(6, DiskTier(budget))
+    worker = BlockContents(4)
+    prefixes = [[rng.randrange(3, 500) for _ in range(rng.randrange(9, 40))] for _ in range(5)]
+    _workload(scheduler, worker, rng, 30, prefixes)
+    transfers = manager.persist_transfers()
+    if transfers is not None:
+        worker.run(scheduler, SchedulerOutput(kv_transfers=transfers))
+    assert set(worker.files) == set(manager.offload.disk.keys())  # type: ignore[union-attr]
