@@ -10,6 +10,7 @@ import torch
 from e2e.engine_runs import run
 from e2e.hf_reference import hf_greedy
 from radixlm.engine.llm_engine import build_engine
+from radixlm.model.ops import extension_error
 from radixlm.sampling_params import SamplingParams
 
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
@@ -49,6 +50,19 @@ def test_greedy_with_speculation_matches_hf(arch, scenario, tiny_model_dir, refe
     assert stats.num_accepted_tokens > 0 and stats.num_draft_tokens > stats.num_accepted_tokens  # both happened
     if scenario == "preemption":
         assert engine.scheduler.num_preemptions > 0, "the scenario did not force preemption"
+
+
+@pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
+@pytest.mark.parametrize("extra", [dict(kv_cache_dtype="int8"), dict(kv_cache_dtype="int8", kv_offload_memory="1MiB",
+                                                                    num_kv_blocks=26)])
+def test_greedy_with_speculation_over_an_int8_cache_is_plain_greedy_over_it(tiny_model_dir, extra):
+    """Rows verifying drafts read the int8 cache as the decode of their position would, so speculation changes no
+    token (with the host tier under a small cache too)."""
+    options = {"model": str(tiny_model_dir("qwen3")), "num_kv_blocks": 256, "block_size": 4, **extra}
+    plain = greedy_run(build_engine(**options), repetitive_prompts())
+    engine = build_engine(speculative_config=SPEC, **options)
+    assert greedy_run(engine, repetitive_prompts()) == plain
+    assert engine.drafter.stats.num_accepted_tokens > 0
 
 
 def test_greedy_with_speculation_on_prefix_hits(tiny_model_dir, references):

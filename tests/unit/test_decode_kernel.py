@@ -163,20 +163,22 @@ def _mix_tables(requests: list[tuple[int, int]], num_blocks: int, block_size: in
     return lengths, tables, free
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.int8])
 @pytest.mark.parametrize("head_dim", [64, 80])
 @pytest.mark.parametrize("sliding_window", [None, 40])
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize("requests", REQUEST_MIXES)
-def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, sliding_window, num_threads, requests):
+def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, sliding_window, num_threads, requests,
+                                                                 kv_dtype):
     """A request's rows read together (one table, one pass over the context) equal the same rows as separate
-    requests, bit for bit, whatever the work split; and both agree with the torch path."""
+    requests, bit for bit, whatever the work split; and both agree with the torch path (over an int8 cache too:
+    its scales are applied per row)."""
     block_size, num_heads = 16, 3 * NUM_KV_HEADS
     rng = random.Random(head_dim)
     num_blocks = 200
-    cache = PagedKVCache(1, num_blocks, block_size, NUM_KV_HEADS, head_dim, torch.float32)
+    cache = PagedKVCache(1, num_blocks, block_size, NUM_KV_HEADS, head_dim, kv_dtype)
     torch.manual_seed(1)
-    cache.key_caches[0].copy_(torch.randn(cache.key_caches[0].shape))
-    cache.value_caches[0].copy_(torch.randn(cache.value_caches[0].shape))
+    fill_random(cache)
     lengths, shared, _ = _mix_tables(requests, num_blocks, block_size, rng)
     separate = [list(table) for table in shared]  # equal lists, distinct objects: a table each
     query = torch.randn(len(lengths), num_heads, head_dim)
@@ -194,14 +196,14 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
                              num_sampled=num_rows) for i, (start, num_rows) in enumerate(requests)]
     metadata = InputBatch.build(chunks, {c.request_id: c.new_block_ids for c in chunks}, cache).attn_metadata
     key, value = torch.randn(2, 1, NUM_KV_HEADS, len(lengths), head_dim)
-    cache.key_caches[0].index_copy_(0, metadata.slot_mapping, key[0].transpose(0, 1))  # what the torch path writes
-    cache.value_caches[0].index_copy_(0, metadata.slot_mapping, value[0].transpose(0, 1))
-    kernel = paged_decode_attention(query, cache.layer(0),
+    write_kv(cache.layer(0), metadata.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # as the
+    kernel = paged_decode_attention(query, cache.layer(0),                                           # torch path
                                     DecodeTables.build(shared, lengths, block_size), head_dim ** -0.5,
                                     sliding_window, None)
     reference, _ = paged_attention(_Layer(), query.transpose(0, 1)[None], key, value, None,
                                    scaling=head_dim ** -0.5, sliding_window=sliding_window, radix_attn=metadata)
-    torch.testing.assert_close(kernel, reference[0], atol=1e-5, rtol=1e-5)
+    tolerance = 3e-5 if kv_dtype == torch.int8 else 1e-5
+    torch.testing.assert_close(kernel, reference[0], atol=tolerance, rtol=tolerance)
 
 
 # More mixes for the kernel's own K/V writes: many plain decodes (each item writes its own row), one long decode
