@@ -120,10 +120,27 @@ def _cmd_quality(args: argparse.Namespace) -> None:
 
 def add_bench_commands(commands: Any) -> None:
     """Add `bench` and its subcommands to `commands` (an argparse subparsers action); each sets `handler`."""
-    from radixlm.engine_args import add_engine_args
-
     bench = commands.add_parser("bench", help="benchmarks against peers in the same run")
     kinds = bench.add_subparsers(dest="bench_kind", required=True)
+    _add_offline(kinds)
+    _add_step(kinds)
+    _add_quality(kinds)
+
+    peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
+    _add_side_by_side_args(peers, "--num-threads 2;--num-threads 2 --quantization int8",
+                           "random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64")
+    spec = kinds.add_parser("spec", help="speculative decoding on and off, and llama-server, at concurrency 1 on an "
+                                         "input-grounded workload and on random prompts (bench peers' table)")
+    _add_side_by_side_args(spec, f"{SPEC_BASE};{SPEC_BASE} --speculative-config '{SPEC_CONFIG}'",
+                           "grounded@1:4,random@1:8")
+    _add_soak(kinds)
+    _add_serve(kinds)
+
+
+def _add_offline(kinds: Any) -> None:
+    """`bench offline`: radixlm against HF generate with static batches."""
+    from radixlm.engine_args import add_engine_args
+
     offline = kinds.add_parser("offline", help="random workload: radixlm vs HF generate with static batches")
     offline.add_argument("--num-prompts", type=int, default=64)
     offline.add_argument("--input-len", default="64-512", help="prompt length range LOW-HIGH")
@@ -141,6 +158,10 @@ def add_bench_commands(commands: Any) -> None:
     add_engine_args(offline)
     offline.set_defaults(handler=_cmd_offline)
 
+def _add_step(kinds: Any) -> None:
+    """`bench step`: one decode step broken down."""
+    from radixlm.engine_args import add_engine_args
+
     step = kinds.add_parser("step", help="decode-step breakdown (attention, linears, other, sampler, scheduler) "
                                          "next to the memory bounds")
     step.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated decode batch sizes")
@@ -152,6 +173,10 @@ def add_bench_commands(commands: Any) -> None:
     step.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(step)
     step.set_defaults(handler=_cmd_step)
+
+def _add_quality(kinds: Any) -> None:
+    """`bench quality`: an engine setting against the float32 engine."""
+    from radixlm.engine_args import add_engine_args
 
     quality = kinds.add_parser("quality", help="greedy agreement and text log-likelihood of the engine flags given "
                                                "against the float32 engine")
@@ -167,13 +192,9 @@ def add_bench_commands(commands: Any) -> None:
     add_engine_args(quality)
     quality.set_defaults(handler=_cmd_quality)
 
-    peers = kinds.add_parser("peers", help="llama-server and radixlm flag sets side by side on the serve workloads")
-    _add_side_by_side_args(peers, "--num-threads 2;--num-threads 2 --quantization int8",
-                           "random@1:12,random@8:32,random@32:64,shared-prefix@32:32,multi-turn@32:64")
-    spec = kinds.add_parser("spec", help="speculative decoding on and off, and llama-server, at concurrency 1 on an "
-                                         "input-grounded workload and on random prompts (bench peers' table)")
-    _add_side_by_side_args(spec, f"{SPEC_BASE};{SPEC_BASE} --speculative-config '{SPEC_CONFIG}'",
-                           "grounded@1:4,random@1:8")
+def _add_soak(kinds: Any) -> None:
+    """`bench soak`: hostile and ordinary requests; PASS if nothing broke."""
+    from radixlm.engine_args import add_engine_args
 
     soak = kinds.add_parser("soak", help="hostile and ordinary requests at high concurrency; PASS if nothing broke")
     soak.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")
@@ -192,6 +213,10 @@ def add_bench_commands(commands: Any) -> None:
                       help="--hostile: seconds between two tiny requests (each on a fresh connection)")
     add_engine_args(soak)
     soak.set_defaults(handler=_cmd_soak)
+
+def _add_serve(kinds: Any) -> None:
+    """`bench serve`: an OpenAI client's view of a server (`--restart`: twice, over a restart)."""
+    from radixlm.engine_args import add_engine_args
 
     serve = kinds.add_parser("serve", help="async OpenAI client against radixlm serve: TTFT, ITL, e2e, throughput")
     serve.add_argument("--base-url", default=None, help="a running server (default: start one with the engine flags)")
