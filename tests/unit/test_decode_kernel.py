@@ -35,9 +35,12 @@ def _layer(caches: list[torch.Tensor]) -> LayerCache:
 
 
 def fill_random(cache: PagedKVCache) -> None:
-    """Every slot of layer 0 random (standard normal; an int8 cache quantizes it, scales and all)."""
+    """Every slot of layer 0 random (standard normal; an int8 cache holds them rotated and quantized, as its
+    attention layers write them: see radixlm.model.kv_int8)."""
     layer = cache.layer(0)
     rows = [torch.randn(layer.keys.shape) for _ in range(2)]
+    if cache.rotation is not None:
+        rows = [row @ cache.rotation for row in rows]
     write_kv(layer, torch.arange(layer.keys.shape[0]), *rows)
 
 

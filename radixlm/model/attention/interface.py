@@ -2,7 +2,9 @@
 
 transformers calls `paged_attention(module, query, key, value, ...)` in every attention layer with RoPE (and q/k
 norms) already applied, and passes the `radix_attn` keyword of `model(...)` through to it. That keyword is the
-forward's `AttentionMetadata`, which carries the backend that built it; this function only hands the layer to it.
+forward's `AttentionMetadata`, which carries the backend that built it; this function hands the layer to it. Over
+an int8 cache it first rotates the query, key and value rows by the cache's Hadamard matrix and rotates the output
+back (`radixlm.model.kv_int8`: the rows are stored rotated), so that every backend sees the same rotated rows.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     transformers' own mask is ignored: the metadata says what each row attends."""
     if radix_attn is None:
         raise RuntimeError("paged attention needs the radix_attn metadata argument")
+    rotation = radix_attn.kv_cache.rotation_for(query.dtype)
+    if rotation is not None:
+        query, key, value = query @ rotation, key @ rotation, value @ rotation
     output = radix_attn.backend.forward(module.layer_idx, query, key, value, radix_attn, scaling, sliding_window,
                                         softcap)
-    return output, None
+    return (output if rotation is None else output @ rotation), None
