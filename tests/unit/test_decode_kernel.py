@@ -199,10 +199,14 @@ def test_rows_verifying_drafts_get_exactly_what_each_gets_alone(head_dim, slidin
                              num_sampled=num_rows) for i, (start, num_rows) in enumerate(requests)]
     metadata = InputBatch.build(chunks, {c.request_id: c.new_block_ids for c in chunks}, cache).attn_metadata
     key, value = torch.randn(2, 1, NUM_KV_HEADS, len(lengths), head_dim)
-    write_kv(cache.layer(0), metadata.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))  # as the
-    kernel = paged_decode_attention(query, cache.layer(0),                                           # torch path
+    # The kernel is given rows as the attention interface gives them: rotated for an int8 cache (head_dim 64 has
+    # a Hadamard rotation, 80 none), its output rotated back.
+    rotation = cache.rotation if cache.rotation is not None else torch.eye(head_dim)
+    write_kv(cache.layer(0), metadata.slot_mapping, key[0].transpose(0, 1) @ rotation,  # as the torch path does
+             value[0].transpose(0, 1) @ rotation)
+    kernel = paged_decode_attention(query @ rotation, cache.layer(0),
                                     DecodeTables.build(shared, lengths, block_size), head_dim ** -0.5,
-                                    sliding_window, None)
+                                    sliding_window, None) @ rotation
     reference, _ = paged_attention(_Layer(), query.transpose(0, 1)[None], key, value, None,
                                    scaling=head_dim ** -0.5, sliding_window=sliding_window, radix_attn=metadata)
     tolerance = 3e-5 if kv_dtype == torch.int8 else 1e-5
