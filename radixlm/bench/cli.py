@@ -76,6 +76,8 @@ def _add_side_by_side_args(parser: argparse.ArgumentParser, radixlm_sets: str, c
     parser.add_argument("--peer-script", default="../shared/peers/serve-llama-server.sh",
                         help="starts llama-server on the port given as its argument (empty: no peer)")
     parser.add_argument("--peer-port", type=int, default=8002)
+    parser.add_argument("--peer-name", default="llama-server",
+                        help="the peer's column (scripts/serve-vllm-peer.sh starts vLLM's CPU build: name it vllm)")
     parser.add_argument("--workload-seed", type=int, default=0)
     parser.add_argument("--model", default=None,
                         help="a .gguf file both servers load (radixlm sets without --model get it; the peer via "
@@ -91,7 +93,7 @@ def _cmd_peers(args: argparse.Namespace) -> None:
 
     cases = [Case.parse(text) for text in args.cases.split(",") if text]
     bench_peers([s for s in args.radixlm.split(";")], cases, args.peer_script or None, args.peer_port,
-                args.workload_seed, args.model, args.input_len, args.output_len)
+                args.workload_seed, args.model, args.input_len, args.output_len, args.peer_name)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -100,6 +102,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _cmd_step(args: argparse.Namespace) -> None:
     from radixlm.bench.step import QUICK_GRID, StepGrid, bench_step
+    from radixlm.bench.step_prefill import bench_prefill
     from radixlm.engine_args import engine_kwargs
 
     prefix_modes = {"none": (False,), "shared": (True,), "both": (False, True)}[args.prefix]
@@ -107,7 +110,12 @@ def _cmd_step(args: argparse.Namespace) -> None:
         grid = StepGrid(QUICK_GRID.batch_sizes, QUICK_GRID.context_lens, prefix_modes, QUICK_GRID.num_steps)
     else:
         grid = StepGrid(_int_list(args.batch_sizes), _int_list(args.context_lens), prefix_modes, args.num_steps)
-    bench_step(engine_kwargs(args), grid, args.workload_seed)
+    if grid.batch_sizes:
+        bench_step(engine_kwargs(args), grid, args.workload_seed)
+    prefill_lens = (256,) if args.quick else _int_list(args.prefill_lens)
+    if prefill_lens:
+        print("\none prompt's prefill, one chunk:")
+        bench_prefill(engine_kwargs(args), prefill_lens, grid.num_steps, args.workload_seed)
 
 
 def _cmd_quality(args: argparse.Namespace) -> None:
@@ -164,12 +172,15 @@ def _add_step(kinds: Any) -> None:
 
     step = kinds.add_parser("step", help="decode-step breakdown (attention, linears, other, sampler, scheduler) "
                                          "next to the memory bounds")
-    step.add_argument("--batch-sizes", default="1,8,32,64", help="comma-separated decode batch sizes")
+    step.add_argument("--batch-sizes", default="1,8,32,64",
+                      help="comma-separated decode batch sizes (empty: no decode rows)")
+    step.add_argument("--prefill-lens", default="2000",
+                      help="comma-separated prompt lengths whose one-chunk prefill is broken down (empty: none)")
     step.add_argument("--context-lens", default="256,1024", help="comma-separated context lengths in tokens")
     step.add_argument("--prefix", choices=("none", "shared", "both"), default="both",
                       help="contexts without a shared prefix, with one (all but the last 32 tokens), or both")
     step.add_argument("--num-steps", type=int, default=5, help="measured decode steps per setting")
-    step.add_argument("--quick", action="store_true", help="batch 1 and 8, context 256, 3 steps")
+    step.add_argument("--quick", action="store_true", help="batch 1 and 8, context 256, 3 steps; a 256-token prefill")
     step.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(step)
     step.set_defaults(handler=_cmd_step)

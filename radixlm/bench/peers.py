@@ -63,7 +63,7 @@ class Case:
 
 
 @contextlib.contextmanager
-def peer_server(script: str, port: int, model: str | None = None, timeout: float = 300.0
+def peer_server(script: str, port: int, model: str | None = None, timeout: float = 900.0
                 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The peer started by `script` on `port`, on the GGUF file `model` (the script's default when None); yields its
     base URL and process (the script execs the server, so the process is the server's)."""
@@ -120,9 +120,10 @@ def timed_server(server: contextlib.AbstractContextManager, costs: dict[str, Ser
 
 
 def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | None, port: int, seed: int,
-                model: str | None = None, input_len: str = "64-256", output_len: str | None = None) -> None:
+                model: str | None = None, input_len: str = "64-256", output_len: str | None = None,
+                peer_name: str = "llama-server") -> None:
     """`model`: a .gguf file the peer and every radixlm set (that names no --model of its own) serve;
-    `input_len`, `output_len`: the random workload's lengths (see `Case.spec`)."""
+    `input_len`, `output_len`: the random workload's lengths (see `Case.spec`); `peer_name`: the peer's column."""
     parse_range(input_len)
     if output_len:
         parse_range(output_len)
@@ -134,9 +135,9 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
     if peer_script:
         if not Path(peer_script).exists():
             raise FileNotFoundError(f"no peer start script at {peer_script}")
-        print(f"llama-server{f' ({Path(model).name})' if model else ''}:", flush=True)
-        with timed_server(peer_server(peer_script, port, model), costs, "llama-server") as url:
-            columns["llama-server"] = measure(url, cases, tokenizer, seed, (input_len, output_len))
+        print(f"{peer_name}{f' ({Path(model).name})' if model else ''}:", flush=True)
+        with timed_server(peer_server(peer_script, port, model), costs, peer_name) as url:
+            columns[peer_name] = measure(url, cases, tokenizer, seed, (input_len, output_len))
     for flags in radixlm_sets:
         label = f"radixlm {flags}".strip()
         print(f"{label}:", flush=True)
@@ -145,13 +146,14 @@ def bench_peers(radixlm_sets: list[str], cases: list[Case], peer_script: str | N
             argv += ["--model", model]
         with timed_server(own_server(argv), costs, label) as url:
             columns[label] = measure(url, cases, tokenizer, seed, (input_len, output_len))
-    print_table(columns, cases)
-    print_costs(costs)
+    print_table(columns, cases, peer_name if peer_script else None)
+    print_costs(costs, peer_name if peer_script else None)
 
 
-def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Case]) -> None:
+def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Case],
+                peer_name: str | None = None) -> None:
     labels = list(columns)
-    own = [label for label in labels if label != "llama-server"]
+    own = [label for label in labels if label != peer_name]
     if len(own) > 1:  # each later radixlm set against the first one
         print("\n| case | " + " | ".join(f"{label} / {own[0]}" for label in own[1:]) + " |")
         print("|---" * len(own) + "|")
@@ -159,9 +161,9 @@ def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Ca
             base = columns[own[0]][case]["output_tok_per_s"]
             print(f"| {case.name} | " + " | ".join(f"{columns[label][case]['output_tok_per_s'] / base:.2f}x"
                                                   for label in own[1:]) + " |")
-    peer = columns.get("llama-server")
+    peer = columns.get(peer_name) if peer_name else None
     header = " | ".join(f"{label} out tok/s (ITL p50 ms)" for label in labels)
-    ratios = " | ".join(f"{label} / llama-server" for label in labels if label != "llama-server") if peer else ""
+    ratios = " | ".join(f"{label} / {peer_name}" for label in own) if peer else ""
     print(f"\n| case | {header} |" + (f" {ratios} |" if ratios else ""))
     print("|---" * (1 + len(labels) + (len(labels) - 1 if peer else 0)) + "|")
     for case in cases:
@@ -169,14 +171,13 @@ def print_table(columns: dict[str, dict[Case, dict[str, float]]], cases: list[Ca
                  for label in labels]
         if peer:
             base = peer[case]["output_tok_per_s"]
-            cells += [f"{columns[label][case]['output_tok_per_s'] / base:.2f}x" for label in labels
-                      if label != "llama-server"]
+            cells += [f"{columns[label][case]['output_tok_per_s'] / base:.2f}x" for label in own]
         print(f"| {case.name} | " + " | ".join(cells) + " |")
 
 
-def print_costs(costs: dict[str, ServerCost]) -> None:
-    peer = costs.get("llama-server")
-    print("\n| server | ready in s | peak RSS GB |" + (" peak RSS / llama-server's |" if peer else ""))
+def print_costs(costs: dict[str, ServerCost], peer_name: str | None = None) -> None:
+    peer = costs.get(peer_name) if peer_name else None
+    print("\n| server | ready in s | peak RSS GB |" + (f" peak RSS / {peer_name}'s |" if peer else ""))
     print("|---|---|---|" + ("---|" if peer else ""))
     for label, cost in costs.items():
         ratio = f" {cost.peak_rss_bytes / max(1, peer.peak_rss_bytes):.2f}x |" if peer else ""

@@ -45,7 +45,7 @@ class StepGrid:
     num_steps: int = 5
 
     def __post_init__(self) -> None:
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
+        if self.batch_sizes and min(self.batch_sizes) < 1:  # none: no decode rows
             raise ValueError(f"batch sizes must be >= 1, got {self.batch_sizes}")
         if not self.context_lens or min(self.context_lens) <= QUESTION_LEN:
             raise ValueError(f"context lengths must be > {QUESTION_LEN}, got {self.context_lens}")

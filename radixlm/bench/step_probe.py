@@ -26,9 +26,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.engine.llm_engine import LLMEngine
 from radixlm.model.gguf_linear import GGUFLinear
+from radixlm.model.prepacked_linear import PrepackedLinear
 from radixlm.model.quantize import Int8Linear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 
@@ -37,8 +38,9 @@ def linear_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The weight tensors the linear layers read at small batch (an `Int8Linear` without the small-batch kernel
-    reads fbgemm's packed copy, which is not a tensor: its bytes are left out here, counted in `weight_bytes`)."""
+    """The weight tensors the linear layers read at small batch. An `Int8Linear` without the small-batch kernel reads
+    fbgemm's packed copy and a `PrepackedLinear` oneDNN's, neither of which a reduction can read: their bytes are left
+    out here (the bandwidth is measured over the other weights) and counted in `weight_bytes`."""
     tensors = []
     for module in linear_modules(model):
         if isinstance(module, Int8Linear):
@@ -46,7 +48,7 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._small_batch.weight)
         elif isinstance(module, GGUFLinear):
             tensors.extend(part.tiles if part.tiles is not None else part.rows for part in module.parts)
-        else:
+        elif not isinstance(module, PrepackedLinear):
             tensors.append(module.weight)
     return tensors
 
@@ -81,7 +83,7 @@ def weight_bytes(model: nn.Module) -> int:
     for `GGUFLinear`)."""
     total = 0
     for module in linear_modules(model):
-        if isinstance(module, (Int8Linear, GGUFLinear)):
+        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear)):
             total += module.weight_bytes
         else:
             total += module.weight.numel() * module.weight.element_size()

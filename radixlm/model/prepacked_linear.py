@@ -36,6 +36,11 @@ class PrepackedLinear(nn.Module):
         # A plain attribute, not a parameter: an opaque oneDNN tensor, never saved, moved or trained.
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes of the weight one forward reads (the reordered copy holds the same bfloat16 values)."""
+        return self.in_features * self.out_features * 2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.bfloat16 or not rows.is_contiguous():

@@ -2,7 +2,8 @@
 
 from radixlm.bench.quality import bench_quality
 from radixlm.bench.step import StepGrid, bench_step
-from radixlm.bench.step_probe import StepProbe, linear_modules
+from radixlm.bench.step_prefill import bench_prefill
+from radixlm.bench.step_probe import StepProbe, linear_modules, weight_bytes
 from radixlm.engine.llm_engine import build_engine
 from radixlm.sampling_params import SamplingParams
 
@@ -17,6 +18,17 @@ def test_bench_step_reports_every_part(tiny_model_dir, capsys):
         assert row.attention_bound_ms > 0 and row.linears_bound_ms > 0
     assert rows[1].attention_bound_ms > rows[0].attention_bound_ms  # three contexts read instead of one
     assert "| 3 | 48 | shared |" in capsys.readouterr().out
+
+
+def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linears(tiny_model_dir, capsys):
+    options = {"model": str(tiny_model_dir("llama")), "dtype": "bfloat16", "max_num_batched_tokens": 16}
+    [(length, ms)] = bench_prefill(options, (40,), num_steps=2)  # the budget rises to the prompt
+    assert length == 40
+    assert ms["step"] >= ms["execute"] >= ms["forward"] >= ms["linears"] > 0 and ms["attention"] > 0
+    assert "| 40 |" in capsys.readouterr().out
+    engine = build_engine(**options)
+    packed = [m for m in linear_modules(engine.runner.model) if type(m).__name__ == "PrepackedLinear"]
+    assert packed and weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in packed)
 
 
 def test_step_probe_times_each_linear_forward_and_leaves_the_model_as_it_found_it(tiny_model_dir):
