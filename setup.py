@@ -19,13 +19,14 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # this box also has AVX-512). The .so is therefore not portable to older CPUs: rebuild there. (The GGUF
     # linear's AVX2 and AVX-512 kernels are chosen at run time and build without it: csrc/isa.h.)
     flags = ["-O3", "-march=native", "-fopenmp"]
-    # csrc/bindings.cpp registers every op; the kernels live by kind in csrc/attention, csrc/linear, csrc/norm.
+    # csrc/bindings.cpp registers every op; the kernels live by kind in csrc/attention, csrc/linear, csrc/norm,
+    # csrc/activation.
     sources = ["csrc/bindings.cpp",
                "csrc/attention/paged_attention.cpp", "csrc/attention/kv_write.cpp",
                "csrc/linear/linear.cpp", "csrc/linear/linear_int8.cpp", "csrc/linear/int8_scaling.cpp",
                "csrc/linear/linear_gguf.cpp", "csrc/linear/gguf_portable.cpp", "csrc/linear/gguf_avx2.cpp",
                "csrc/linear/gguf_avx512.cpp",
-               "csrc/norm/rms_norm.cpp", "csrc/norm/rotary.cpp"]
+               "csrc/norm/rms_norm.cpp", "csrc/norm/rotary.cpp", "csrc/activation/silu_and_mul.cpp"]
     # Headers shared across the folders (isa.h, kernel_checks.h) are included by name from csrc/.
     include_dirs = [str(Path(__file__).resolve().parent / "csrc")]
     ext_modules = [CppExtension("radixlm._C", sources, include_dirs=include_dirs, extra_compile_args=flags,

@@ -17,6 +17,7 @@
 #include <array>
 #include <vector>
 
+#include "activation/silu_and_mul.h"
 #include "attention/kv_write.h"
 #include "attention/paged_attention.h"
 #include "linear/linear.h"
@@ -44,6 +45,8 @@ TORCH_LIBRARY(radixlm, m) {
   // norm/
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
+  // activation/
+  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
@@ -57,6 +60,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("gguf_rows", &radixlm::gguf_rows);
   m.impl("rms_norm", &radixlm::rms_norm);
   m.impl("rotary", &radixlm::rotary);
+  m.impl("silu_and_mul", &radixlm::silu_and_mul);
 }
 
 namespace {
@@ -107,6 +111,11 @@ PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<3, false>("rotary", args, nargs,
                                [](const auto& t) { return radixlm::rotary(*t[0], *t[1], *t[2]); });
+}
+
+PyObject* silu_and_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<1, false>("silu_and_mul", args, nargs,
+                               [](const auto& t) { return radixlm::silu_and_mul(*t[0]); });
 }
 
 // gguf_linear(x, tiles, types, out_features, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher
@@ -215,6 +224,8 @@ PyMethodDef methods[] = {
      "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
     {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
+    {"silu_and_mul", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul)), METH_FASTCALL,
+     "silu_and_mul(gate_up): torch.ops.radixlm.silu_and_mul without the dispatcher"},
     {"decode_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(decode_attention)), METH_FASTCALL,
      "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
      "slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one decode layer through "

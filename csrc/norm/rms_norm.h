@@ -6,7 +6,8 @@
 namespace radixlm {
 
 // weight * (x * rsqrt(mean(x * x, -1) + eps)) for float32 CPU x [..., N] and weight [N], bit for bit as transformers'
-// float32 RMSNorm computes it.
+// float32 RMSNorm computes it; for bfloat16 x and weight, in float32 and rounded once (F.rms_norm's numbers, to
+// float32 rounding), a contiguous bfloat16 result.
 at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps);
 
 }  // namespace radixlm

@@ -7,7 +7,7 @@ Without the extension (RADIXLM_NO_EXT=1, or a failed build) every caller keeps i
 
 The ops (csrc/bindings.cpp registers them all): `paged_decode_attention` and `write_kv` (csrc/attention/),
 `small_batch_linear`, `small_batch_int8_linear`, `int8_normalize_rows`, `int8_rescale_rows_`, `gguf_linear` and
-`gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/).
+`gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/), `silu_and_mul` (csrc/activation/).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ def kernels_available() -> bool:
 @cache
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
-    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "gguf_linear", "gguf_rows": the arguments and
-    result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer, see
-    `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"). Needs the extension (see
+    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "gguf_linear", "gguf_rows": the
+    arguments and result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer,
+    see `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"). Needs the extension (see
     `extension_error`)."""
     import radixlm._C
 
@@ -73,6 +73,10 @@ def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:
     return query_key.new_empty(batch, tokens, heads, head_dim).permute(0, 2, 1, 3)
 
 
+def _fake_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
 def _fake_gguf_linear(x: torch.Tensor, tiles: list[torch.Tensor], types: list[int], out_features: list[int],
                       *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], sum(out_features))
@@ -95,4 +99,5 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("gguf_rows", _fake_gguf_rows),
     ("rms_norm", _fake_rms_norm),
     ("rotary", _fake_rotary),
+    ("silu_and_mul", _fake_silu_and_mul),
 )

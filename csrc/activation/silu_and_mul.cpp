@@ -1,0 +1,56 @@
+// silu(gate) * up of a gated MLP (radixlm.model.fused_ops.FusedGatedMLP) for bfloat16 rows, in one pass.
+//
+// PyTorch runs it as two slices, a bfloat16 silu and a product, each a pass over memory with its own rounding; the
+// silu alone took 420 us for 1,000 rows of 1,536 on this CPU (60 calls in a 1,000-token prefill of the default
+// model, 25 ms in all). Here each element is x / (1 + exp(-x)) times up in float32 (exp16: a polynomial, 16 lanes),
+// rounded to bfloat16 once, so it differs from PyTorch's by at most a bfloat16 step.
+
+#include "silu_and_mul.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "bf16_vec.h"
+#include "kernel_checks.h"
+
+namespace {
+
+constexpr int64_t kGrainElements = 1 << 15;  // output elements per parallel task: a decode's rows stay on one thread
+
+void silu_and_mul_row(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+  using namespace radixlm_bf16;
+  const int64_t n_vec = n / 16 * 16;
+  for (int64_t i = 0; i < n_vec; i += 16) {
+    const v16f x = load16(gate + i);
+    store16(out + i, x / (1.f + exp16(-x)) * load16(up + i));
+  }
+  for (int64_t i = n_vec; i < n; ++i) {
+    const float x = to_float(gate[i]);
+    out[i] = to_bf16(x / (1.f + std::exp(-x)) * to_float(up[i]));
+  }
+}
+
+}  // namespace
+
+at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up) {
+  radixlm::check_dense_cpu(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "gate_up must be bfloat16, got ", gate_up.scalar_type());
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
+  const at::Tensor x = gate_up.contiguous();  // no copy when it already is
+  const int64_t n = x.size(-1) / 2;
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = n;
+  at::Tensor out = at::empty(sizes, x.options());
+  if (out.numel() == 0) return out;
+  const int64_t rows = out.numel() / n;
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(xp + r * 2 * n, xp + r * 2 * n + n, n, op + r * n);
+  });
+  return out;
+}
