@@ -111,8 +111,8 @@ def test_window_softcap_and_bf16(sliding_window, softcap, kv_dtype):
     tables = _tables("scattered", LENGTHS, block_size, num_blocks, random.Random(3))
     reference, kernel = _run(LENGTHS, tables, 6, 64, block_size, kv_dtype, sliding_window, softcap,
                              prefill_first=True)
-    # The prefill's 3 rows: the torch path attends over their fresh float32 K/V, the kernel over the cache's copy
-    # (rounded to bfloat16 in a bfloat16 cache, as every later decode reads them).
+    # The prefill's 3 rows: the torch path attends over their fresh float32 K/V; the C++ backend over a float32
+    # cache on the kernel, over a bfloat16 one through SDPA in bfloat16 (queries and K/V rounded to bfloat16).
     prefill_tolerance = 3e-2 if kv_dtype == torch.bfloat16 else 2e-5
     torch.testing.assert_close(kernel[:, :3], reference[:, :3], atol=prefill_tolerance, rtol=prefill_tolerance)
     torch.testing.assert_close(kernel[:, 3:], reference[:, 3:], atol=2e-5, rtol=1e-4)

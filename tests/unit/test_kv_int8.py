@@ -62,13 +62,16 @@ def test_the_cpp_write_quantizes_exactly_as_the_reference(head_dim):
 @pytest.mark.parametrize(("sliding_window", "softcap"), [(None, None), (40, 30.0)])
 def test_int8_kernel_matches_torch(head_dim, rep, sliding_window, softcap):
     """The kernel, dequantizing in registers, against the torch path over the same int8 cache: decodes and a prefill
-    chunk (which reads its own K/V back quantized on both paths)."""
+    chunk (which reads its own K/V back quantized on both paths). The C++ backend attends the prefill chunk through
+    SDPA in bfloat16 (cpp_backend's `PrefillSplit`), so its rows agree to bfloat16's rounding of the float32 query."""
     block_size = 16
     num_blocks = sum(-(-n // block_size) for n in LENGTHS) + 2
     tables = _tables("scattered", LENGTHS, block_size, num_blocks, random.Random(rep))
     reference, kernel = _run(LENGTHS, tables, rep * NUM_KV_HEADS, head_dim, block_size, torch.int8, sliding_window,
                              softcap, prefill_first=True)
-    torch.testing.assert_close(kernel, reference, atol=3e-5, rtol=1e-4)
+    prefill = slice(0, 3)  # _run puts a 3-token prefill chunk first
+    torch.testing.assert_close(kernel[:, prefill], reference[:, prefill], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(kernel[:, 3:], reference[:, 3:], atol=3e-5, rtol=1e-4)
 
 
 @needs_extension

@@ -8,11 +8,13 @@ writes the step's new K/V itself (one call per layer instead of two). It is a re
 kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 layers take its direct entry
 point instead (`decode_layer`), without the dispatcher.
 
-bfloat16 models (bfloat16 queries over bfloat16 or int8 caches) split the step (`PrefillSplit`): decode rows stay on the
-kernel, and each prefill chunk attends through PyTorch's SDPA (its CPU flash attention, AMX-BF16 tiles where the
-CPU has them), as the torch backend does it: 5.3x faster per layer for a 2,000-token prompt on a Xeon with AMX
-(7.4 against 39.4 ms, 9 query heads of 64). There a prompt's numbers may depend on its chunking, as bfloat16
-rounding already makes them differ from float32's; float32 models keep the kernel for every row.
+Over bfloat16 or int8 caches the step splits (`PrefillSplit`): decode rows stay on the kernel, and each prefill
+chunk attends through PyTorch's SDPA in bfloat16 (its CPU flash attention, AMX-BF16 tiles where the CPU has them),
+as the torch backend does it: 5.3x faster per layer for a 2,000-token prompt on a Xeon with AMX (7.4 against 39.4
+ms, 9 query heads of 64). A float32 model's queries and new K/V are rounded to bfloat16 for it (the cache holds
+K/V at bfloat16 or below already): int8-weight models run float32 activations, and their prefill attention took
+half of a 2,000-token prefill on the kernel. There a prompt's numbers may depend on its chunking, as the cache's
+rounding already makes them differ from float32's; float32 caches keep the kernel for every row (exact).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from radixlm.model.device import to_device
 from radixlm.model.kv_cache import LayerCache, PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
 
-# Caches whose bfloat16 forwards split the step (see `PrefillSplit`): float32 ones keep every row on the kernel.
+# Caches whose forwards split the step (see `PrefillSplit`): float32 ones keep every row on the kernel.
 _SPLIT_DTYPES = (torch.bfloat16, torch.int8)
 # A step's new K/V: (slot_mapping `[T]` int64, keys `[T, Hkv, D]`, values `[T, Hkv, D]`), rows in query order.
 NewRows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -69,8 +71,9 @@ class DecodeTables:
 
 @dataclass
 class PrefillSplit:
-    """A bfloat16 forward's two parts: the rows that attend as decodes (`decode_rows` of the packed batch, with
-    their own tables; None when there are none) and the prefill chunks, which attend through SDPA."""
+    """A forward's two parts over a bfloat16 or int8 cache: the rows that attend as decodes (`decode_rows` of the
+    packed batch, with their own tables; None when there are none) and the prefill chunks, which attend through
+    SDPA."""
 
     decode_rows: torch.Tensor | None
     decode_tables: DecodeTables | None
@@ -80,8 +83,8 @@ class PrefillSplit:
 @dataclass
 class CppAttentionMetadata(AttentionMetadata):
     """The C++ backend's view of a forward: the kernel's block tables, a row per query row (`tables`, built on
-    first use: a bfloat16 forward with a split never reads them), and, with bfloat16 caches and a prefill chunk in
-    the step, the split a bfloat16 forward takes."""
+    first use: a forward with a split never reads them), and, with a bfloat16 or int8 cache and a prefill chunk in
+    the step, the split the forward takes."""
 
     chunks: Sequence[ChunkRows] = ()
     split: PrefillSplit | None = None
@@ -124,7 +127,7 @@ class CppAttentionBackend(AttentionBackend[CppAttentionMetadata]):
                 softcap: float | None) -> torch.Tensor:
         caches = metadata.kv_cache.layer(layer)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if metadata.split is not None and query.dtype == torch.bfloat16:
+        if metadata.split is not None:
             return _forward_split(query, key, value, caches, metadata, scale, sliding_window, softcap)
         out = decode_layer(query, key, value, caches, metadata.tables, metadata.slot_mapping, scale, sliding_window,
                            softcap)
@@ -163,7 +166,8 @@ def _split(chunks: Sequence[ChunkRows], kv_cache: PagedKVCache) -> PrefillSplit:
 def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caches: LayerCache,
                    metadata: CppAttentionMetadata, scale: float, sliding_window: int | None,
                    softcap: float | None) -> torch.Tensor:
-    """A bfloat16 layer: every new K/V written, decode rows through the kernel, prefill chunks through SDPA."""
+    """A layer over a bfloat16 or int8 cache: every new K/V written, decode rows through the kernel, prefill chunks
+    through SDPA in bfloat16 (the output in the query's dtype)."""
     split = metadata.split
     assert split is not None
     new_keys, new_values = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, Hkv, D]
@@ -174,6 +178,8 @@ def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         rows = queries.transpose(0, 1).index_select(0, split.decode_rows)
         output[split.decode_rows] = paged_decode_attention(rows, caches, split.decode_tables, scale, sliding_window,
                                                            softcap)
+    if split.prefills and queries.dtype != torch.bfloat16:
+        queries, new_keys, new_values = (t.to(torch.bfloat16) for t in (queries, new_keys, new_values))
     for segment in split.prefills:
         attend_prefill(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
     return output[None]
