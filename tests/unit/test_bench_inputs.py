@@ -30,3 +30,18 @@ def test_length_ranges_parse() -> None:
     assert parse_range("64-512") == (64, 512)
     assert parse_range("128") == (128, 128)
     assert parse_range(f"1-{MAX_LENGTH}") == (1, MAX_LENGTH)
+
+
+def test_the_peer_column_takes_the_peer_name(capsys) -> None:
+    from radixlm.bench.peers import ServerCost, print_costs, print_table
+
+    case = Case("random", 32, 64)
+    columns = {"vllm": {case: {"output_tok_per_s": 500.0, "itl_p50": 0.05}},
+               "radixlm --dtype bfloat16": {case: {"output_tok_per_s": 550.0, "itl_p50": 0.04}}}
+    print_table(columns, [case], "vllm")
+    print_costs({"vllm": ServerCost(60.0, 10**9), "radixlm --dtype bfloat16": ServerCost(5.0, 2 * 10**9)}, "vllm")
+    out = capsys.readouterr().out
+    assert "radixlm --dtype bfloat16 / vllm" in out and "| 1.10x |" in out and "peak RSS / vllm's" in out
+    assert "2.00x" in out and "llama-server" not in out
+    print_table(columns, [case])  # no peer: both as radixlm columns, the second against the first
+    assert "/ vllm" in capsys.readouterr().out
