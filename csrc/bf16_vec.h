@@ -1,5 +1,6 @@
-// 16-lane float vectors for the bfloat16 row kernels (csrc/norm, csrc/activation): bfloat16 widened to float32 by a
-// shift (exact), float32 rounded back to bfloat16 to nearest-even (NaN kept a quiet NaN), as PyTorch rounds it.
+// 16-lane float vectors for the bfloat16 kernels (csrc/norm, csrc/activation, the attention tiles): bfloat16 widened
+// to float32 by a shift (exact), float32 rounded back to bfloat16 to nearest-even (NaN kept a quiet NaN), as PyTorch
+// rounds it.
 // GCC lowers a 16-lane vector to one AVX-512 register or two AVX2 ones, whichever -march allows.
 #pragma once
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "bf16_vec.h"
 #include "isa.h"
 
 namespace radixlm_attention {
@@ -20,8 +21,6 @@ namespace radixlm_attention {
 constexpr int64_t kTile = 64;  // positions scored before each softmax rescale
 
 typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16u16 __attribute__((vector_size(32)));
-typedef uint32_t v16u32 __attribute__((vector_size(64)));
 
 inline v16f load16(const float* p) {
   v16f v;
@@ -29,22 +28,8 @@ inline v16f load16(const float* p) {
   return v;
 }
 
-// bfloat16 widened by a shift. With AVX-512 one zero-extending load and a shift; GCC 12 lowers the portable
-// __builtin_convertvector to two 256-bit extends and an insert (five instructions), which the bfloat16 cache's
-// decode paid per 16 elements.
-inline v16f load16(const at::BFloat16* p) {
-#if RADIXLM_BUILD_AVX512
-  const __m256i narrow = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return reinterpret_cast<v16f>(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(narrow), 16)));
-#else
-  v16u16 narrow;
-  std::memcpy(&narrow, p, sizeof(narrow));
-  const v16u32 wide = __builtin_convertvector(narrow, v16u32) << 16;
-  v16f v;
-  std::memcpy(&v, &wide, sizeof(v));
-  return v;
-#endif
-}
+// bfloat16 widened exactly (bf16_vec.h: one zero-extending load and a shift with AVX-512).
+inline v16f load16(const at::BFloat16* p) { return radixlm_bf16::load16(reinterpret_cast<const uint16_t*>(p)); }
 
 // int8 widened by intrinsics: GCC 12 compiles __builtin_convertvector from int8 lanes into 16 scalar conversions
 // (3.5x the bfloat16 kernel's time).
