@@ -13,7 +13,7 @@ A decode step at batch 1 runs about fifty small ops per layer, each paying frame
 
 The kernels take float32 rows (bit-identical to the PyTorch ops) and bfloat16 rows (computed in float32 and rounded
 once, where PyTorch's bfloat16 ops round each step: a bfloat16 step apart at most). In a bfloat16 step of the default
-model they replaced 61 norms, 30 rotary embeddings and 30 activations that took 3-4x as long (csrc/norm,
+model they replaced 61 norms, 30 rotary embeddings and 30 activations that took 2-5x as long (csrc/norm,
 csrc/activation: timings there).
 
 Other classes keep transformers' code. Attention still goes through the function registered with transformers.
