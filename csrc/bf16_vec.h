@@ -12,7 +12,6 @@
 namespace radixlm_bf16 {
 
 typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
@@ -58,28 +57,6 @@ inline float hsum(v16f v) {
   float s = 0.f;
   for (int i = 0; i < 16; ++i) s += v[i];
   return s;
-}
-
-// exp(x) to about 2 float32 ulp for |x| <= 87 (Cody-Waite reduction by ln 2, a degree-6 polynomial, the power of two
-// put into the exponent bits); x is clamped to [-87, 87] first, so the result stays finite and normal. NaN stays NaN.
-inline v16f exp16(v16f x) {
-  const v16f hi = x > 87.f ? v16f{} + 87.f : x;
-  const v16f c = hi < -87.f ? v16f{} - 87.f : hi;
-  const v16f n = __builtin_convertvector(__builtin_convertvector(c * 1.44269504f + (c < 0 ? v16f{} - 0.5f : v16f{} + 0.5f), v16i),
-                                         v16f);
-  const v16f r = (c - n * 0.693359375f) + n * 2.12194440e-4f;
-  v16f p = v16f{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const v16i scale = (__builtin_convertvector(n, v16i) + 127) << 23;
-  v16f two_n;
-  std::memcpy(&two_n, &scale, sizeof(two_n));
-  const v16f result = p * two_n;
-  return x == x ? result : x;
 }
 
 }  // namespace radixlm_bf16

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.bench.step_probe import StepProbe, read_seconds, weight_bytes, weight_tensors
+from radixlm.bench.step_probe import StepProbe, read_seconds, step_parts, weight_bytes, weight_tensors
 from radixlm.config import SchedulerConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.model.kv_cache import kv_bytes_per_token
@@ -197,16 +197,12 @@ def print_rows(rows: list[StepRow]) -> None:
     print("| batch | context | prefix | step ms | attention (bound, ratio) | linears (bound, ratio) | other | prep "
           "| sampler | scheduler | engine |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        ms = row.ms
-        attention, linears = ms.get("attention", 0.0), ms.get("linears", 0.0)
-        other = ms.get("forward", 0.0) - attention - linears
-        prep = ms.get("execute", 0.0) - ms.get("forward", 0.0)
-        engine = ms.get("step", 0.0) - ms.get("execute", 0.0) - ms.get("sampler", 0.0) - ms.get("scheduler", 0.0)
+        part = step_parts(row.ms)
         print(f"| {row.batch_size} | {row.context_len} | {'shared' if row.shared_prefix else 'none'} "
-              f"| {ms.get('step', 0.0):.1f} | {attention:.1f} ({row.attention_bound_ms:.1f}, "
-              f"{_ratio(attention, row.attention_bound_ms)}) | {linears:.1f} ({row.linears_bound_ms:.1f}, "
-              f"{_ratio(linears, row.linears_bound_ms)}) | {other:.1f} | {prep:.1f} "
-              f"| {ms.get('sampler', 0.0):.1f} | {ms.get('scheduler', 0.0):.1f} | {engine:.1f} |")
+              f"| {row.ms.get('step', 0.0):.1f} | {part['attention']:.1f} ({row.attention_bound_ms:.1f}, "
+              f"{_ratio(part['attention'], row.attention_bound_ms)}) | {part['linears']:.1f} "
+              f"({row.linears_bound_ms:.1f}, {_ratio(part['linears'], row.linears_bound_ms)}) | {part['other']:.1f} "
+              f"| {part['prep']:.1f} | {part['sampler']:.1f} | {part['scheduler']:.1f} | {part['engine']:.1f} |")
 
 
 def _ratio(ms: float, bound_ms: float) -> str:

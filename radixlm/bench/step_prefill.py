@@ -13,7 +13,7 @@ import statistics
 
 import torch
 
-from radixlm.bench.step_probe import StepProbe
+from radixlm.bench.step_probe import StepProbe, step_parts
 from radixlm.engine.llm_engine import build_engine
 from radixlm.sampling_params import SamplingParams
 
@@ -58,12 +58,7 @@ def print_prefill_rows(rows: list[tuple[int, dict[str, float]]]) -> None:
     print("| prefill tokens | step ms | prompt tok/s | attention | linears | other | prep | sampler | scheduler "
           "| engine |\n|---|---|---|---|---|---|---|---|---|---|")
     for length, ms in rows:
-        attention, linears = ms.get("attention", 0.0), ms.get("linears", 0.0)
-        other = ms.get("forward", 0.0) - attention - linears
-        prep = ms.get("execute", 0.0) - ms.get("forward", 0.0)
-        engine = ms.get("step", 0.0) - ms.get("execute", 0.0) - ms.get("sampler", 0.0) - ms.get("scheduler", 0.0)
         step = ms.get("step", 0.0)
         rate = f"{length / step * 1e3:.0f}" if step > 0 else "-"
-        print(f"| {length} | {step:.1f} | {rate} | {attention:.1f} | {linears:.1f} | {other:.1f} | {prep:.1f} "
-              f"| {ms.get('sampler', 0.0):.1f} | {ms.get('scheduler', 0.0):.1f} | {engine:.1f} |")
-
+        print(f"| {length} | {step:.1f} | {rate} | " + " | ".join(f"{value:.1f}" for value in step_parts(ms).values())
+              + " |")

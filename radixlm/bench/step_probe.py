@@ -33,6 +33,17 @@ LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 
+def step_parts(ms: dict[str, float]) -> dict[str, float]:
+    """The printed parts of a step from a probe's nested totals (ms): attention, linears, other (the forward's rest),
+    prep (the runner outside the forward), sampler, scheduler, engine (the step's rest)."""
+    attention, linears = ms.get("attention", 0.0), ms.get("linears", 0.0)
+    return {"attention": attention, "linears": linears,
+            "other": ms.get("forward", 0.0) - attention - linears,
+            "prep": ms.get("execute", 0.0) - ms.get("forward", 0.0),
+            "sampler": ms.get("sampler", 0.0), "scheduler": ms.get("scheduler", 0.0),
+            "engine": ms.get("step", 0.0) - ms.get("execute", 0.0) - ms.get("sampler", 0.0) - ms.get("scheduler", 0.0)}
+
+
 def linear_modules(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if isinstance(module, LINEAR_TYPES)]
 

@@ -82,9 +82,9 @@ class FusedGatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = _concat_linears(gate, up)
         self.down_proj = down
-        bfloat16 = isinstance(gate, nn.Linear) and gate.weight.dtype == torch.bfloat16  # GGUF linears give float32
-        self._activation = _cpp_kernel("silu_and_mul", gate.weight, (torch.bfloat16,)) if cpp_kernels and bfloat16 \
-            else None
+        # A GGUF linear has no weight tensor and computes in float32: PyTorch's ops.
+        linear = cpp_kernels and isinstance(gate, nn.Linear)
+        self._activation = _cpp_kernel("silu_and_mul", gate.weight, (torch.bfloat16,)) if linear else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

@@ -1,0 +1,54 @@
+// exp(x) for x <= 0, shared by the decode kernel's softmax (csrc/attention) and the gated MLP's activation
+// (csrc/activation): a scalar form the compiler vectorises, and with AVX-512 the same steps on 16 lanes.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#include "isa.h"
+
+namespace radixlm {
+
+// exp(x) for x <= 0 (a logit minus the running max; -|x| in silu), written so the compiler vectorises it (std::exp
+// does not vectorise without -ffast-math): Cody-Waite range reduction and a degree-6 polynomial, ~2 ulp. Inputs below
+// -87 give ~1e-38 instead of 0, which no sum of probabilities can notice.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  // Round x / ln2 to the nearest integer n by the 1.5 * 2^23 trick (floor and lrint do not vectorise everywhere).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const int32_t exponent = static_cast<int32_t>(n) + 127;
+  const float scale = std::bit_cast<float>(static_cast<uint32_t>(exponent) << 23);
+  return y * scale;
+}
+
+#if RADIXLM_BUILD_AVX512
+// exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
+// range reduction into code this tight).
+inline __m512 exp16_nonpositive(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // this order keeps a NaN (maxps returns its second operand then)
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+  }
+  y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
+}
+#endif
+
+}  // namespace radixlm
