@@ -20,6 +20,7 @@
 #include "activation/silu_and_mul.h"
 #include "attention/kv_write.h"
 #include "attention/paged_attention.h"
+#include "linear/amx_bf16.h"
 #include "linear/linear.h"
 #include "linear/linear_gguf.h"
 #include "norm/rms_norm.h"
@@ -40,6 +41,7 @@ TORCH_LIBRARY(radixlm, m) {
         "-> Tensor");
   m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
+  m.def("amx_bf16_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
   // norm/
@@ -56,6 +58,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("small_batch_int8_linear", &radixlm::small_batch_int8_linear);
   m.impl("int8_normalize_rows", &radixlm::int8_normalize_rows);
   m.impl("int8_rescale_rows_", &radixlm::int8_rescale_rows_);
+  m.impl("amx_bf16_linear", &radixlm::amx_bf16_linear);
   m.impl("gguf_linear", &radixlm::gguf_linear);
   m.impl("gguf_rows", &radixlm::gguf_rows);
   m.impl("rms_norm", &radixlm::rms_norm);
@@ -84,6 +87,14 @@ PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t n
     return radixlm::small_batch_int8_linear(*t[0], *t[1], *t[2], *t[3], t[4]);
   });
 }
+
+PyObject* amx_bf16_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, true>("amx_bf16_linear", args, nargs, [](const auto& t) {
+    return radixlm::amx_bf16_linear(*t[0], *t[1], t[2]);
+  });
+}
+
+PyObject* amx_bf16_available(PyObject*, PyObject*) { return PyBool_FromLong(radixlm::amx_bf16_available()); }
 
 PyObject* int8_normalize_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<2, false>("int8_normalize_rows", args, nargs, [](auto& t) {
@@ -208,6 +219,10 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
+    {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
+     "amx_bf16_linear(x, packed, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
+    {"amx_bf16_available", amx_bf16_available, METH_NOARGS,
+     "amx_bf16_available(): whether this CPU has AMX-BF16 and the OS lets this process use its tiles"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,
      "gguf_linear(x, tiles, types, out_features, bias, path=0): torch.ops.radixlm.gguf_linear without the "
      "dispatcher"},

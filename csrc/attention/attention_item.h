@@ -37,8 +37,14 @@ struct ItemState {
     running_sum = running_max + num_q;
     for (int64_t r = 0; r < num_rows; ++r) {
       for (int64_t jj = 0; jj < per_row; ++jj) {
-        std::copy_n(p.query + (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h, d,
-                    q + (r * per_row + jj) * d);
+        const int64_t offset = (b + r) * p.query_stride_b + (h0 * rep + jj) * p.query_stride_h;
+        float* row = q + (r * per_row + jj) * d;
+        if (p.bf16_io) {
+          const at::BFloat16* query = static_cast<const at::BFloat16*>(p.query) + offset;
+          for (int64_t e = 0; e < d; ++e) row[e] = static_cast<float>(query[e]);
+        } else {
+          std::copy_n(static_cast<const float*>(p.query) + offset, d, row);
+        }
       }
     }
     std::fill(acc, acc + num_q * d, 0.f);
@@ -130,12 +136,11 @@ void store_results(const Problem& p, const ItemState& s, int64_t split) {
       }
       continue;
     }
-    float* out = p.out + ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
+    const int64_t out_offset = ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
     for (int64_t jj = 0; jj < s.per_row; ++jj) {
       const int64_t j = r * s.per_row + jj;
       const float inverse = s.running_sum[j] > 0.f ? 1.f / s.running_sum[j] : 0.f;  // empty context: zeros
-#pragma omp simd
-      for (int64_t e = 0; e < d; ++e) out[jj * d + e] = s.acc[j * d + e] * inverse;
+      store_output(p, out_offset + jj * d, s.acc + j * d, inverse, d);
     }
   }
 }

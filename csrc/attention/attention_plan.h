@@ -12,8 +12,10 @@
 namespace radixlm_attention {
 
 struct Problem {
-  const float* query;  // [B, Hq, D]: row (b, h) at query + b * query_stride_b + h * query_stride_h, D contiguous
-  float* out;          // [B, Hq, D] contiguous
+  // [B, Hq, D], float32 or (when `bf16_io`) bfloat16: row (b, h) at query + b * query_stride_b + h * query_stride_h,
+  // D contiguous.
+  const void* query;
+  void* out;  // [B, Hq, D] contiguous, in the query's dtype
   const int32_t* block_table;    // flat: the blocks of request b start at block_offsets[b]
   const int32_t* block_offsets;  // [B]
   const int32_t* context_lens;   // [B]
@@ -31,7 +33,20 @@ struct Problem {
   const uint8_t* writes_own_row;
   // An int8 cache's scales (kv_rows.h); null for float32 and bfloat16 caches.
   radixlm_kv::Scales scales;
+  bool bf16_io;  // query and output in bfloat16 (arithmetic stays float32)
 };
+
+// out[offset + e] = values[e] * multiplier for e < d, rounded to bfloat16 when the output is.
+inline void store_output(const Problem& p, int64_t offset, const float* values, float multiplier, int64_t d) {
+  if (p.bf16_io) {
+    at::BFloat16* out = static_cast<at::BFloat16*>(p.out) + offset;
+    for (int64_t e = 0; e < d; ++e) out[e] = c10::BFloat16(values[e] * multiplier);
+    return;
+  }
+  float* out = static_cast<float*>(p.out) + offset;
+#pragma omp simd
+  for (int64_t e = 0; e < d; ++e) out[e] = values[e] * multiplier;
+}
 
 // A row's context is attended in splits of this many positions, cut at absolute positions (0, 512, ...), each a work
 // item of its own, and the splits' partial softmax results are merged in order. A long context then keeps both

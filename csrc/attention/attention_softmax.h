@@ -102,7 +102,7 @@ void merge_splits(const Problem& p, int64_t b) {
     const float* first = p.partials + (p.partial_offsets[b] + h) * (d + 2);
     float top = -1e30f;
     for (int64_t k = 0; k < count; ++k) top = std::max(top, first[k * stride]);
-    float* out = p.out + (b * p.num_heads + h) * d;
+    float out[radixlm_kv::kMaxHeadDim];  // the paged op checks head_dim against it
     std::fill(out, out + d, 0.f);
     float total = 0.f;
     for (int64_t k = 0; k < count; ++k) {
@@ -113,8 +113,7 @@ void merge_splits(const Problem& p, int64_t b) {
       for (int64_t e = 0; e < d; ++e) out[e] += record[2 + e] * weight;
     }
     const float inverse = total > 0.f ? 1.f / total : 0.f;
-#pragma omp simd
-    for (int64_t e = 0; e < d; ++e) out[e] *= inverse;
+    store_output(p, (b * p.num_heads + h) * d, out, inverse, d);
   }
 }
 

@@ -19,12 +19,16 @@
 
 namespace radixlm_kv {
 
-// Row t's keys of KV head h at keys + t * stride_t + h * stride_h (D contiguous), likewise its values; its slot is
-// slots[t].
+// The longest head_dim the new rows may have when they are bfloat16 (each head's row is widened on the stack).
+constexpr int64_t kMaxHeadDim = 1024;
+
+// Row t's keys of KV head h at keys + t * stride_t + h * stride_h (D contiguous, float32, or bfloat16 when `bf16`),
+// likewise its values; its slot is slots[t].
 struct NewRows {
   const int64_t* slots;
-  const float *keys, *values;
+  const void *keys, *values;
   int64_t key_stride_t, key_stride_h, value_stride_t, value_stride_h;
+  bool bf16;
 };
 
 // The scales of an int8 cache, [num_slots, Hkv] float16: slot s, KV head h at keys[s * Hkv + h]. Null for the others.
@@ -57,24 +61,28 @@ inline Scales check_caches(const at::Tensor& key_cache, const at::Tensor& value_
   return {key_scales->data_ptr<at::Half>(), value_scales->data_ptr<at::Half>()};
 }
 
-// Checks that keys/values are float32 [T, Hkv, D] with D contiguous and T = len(slot_mapping), and that every slot is
-// inside the caches (already checked by `check_caches`).
+// Checks that keys/values are float32 or bfloat16 (both the same) [T, Hkv, D] with D contiguous and
+// T = len(slot_mapping), and that every slot is inside the caches (already checked by `check_caches`).
 inline NewRows check_new_rows(const at::Tensor& key_cache, const at::Tensor& slot_mapping, const at::Tensor& keys,
                               const at::Tensor& values) {
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.scalar_type() == at::kLong && slot_mapping.is_contiguous(),
               "slot_mapping must be contiguous 1-D int64");
+  const bool bf16 = keys.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(!bf16 || key_cache.size(2) <= kMaxHeadDim, "bfloat16 keys/values need head_dim <= ", kMaxHeadDim);
   for (const at::Tensor* rows : {&keys, &values}) {
-    TORCH_CHECK(rows->dim() == 3 && rows->scalar_type() == at::kFloat && rows->size(0) == slot_mapping.size(0) &&
-                    rows->size(1) == key_cache.size(1) && rows->size(2) == key_cache.size(2) && rows->stride(2) == 1,
-                "keys/values must be float32 [T, Hkv, D] with T = len(slot_mapping) and D contiguous");
+    TORCH_CHECK(rows->dim() == 3 && rows->scalar_type() == (bf16 ? at::kBFloat16 : at::kFloat) &&
+                    rows->size(0) == slot_mapping.size(0) && rows->size(1) == key_cache.size(1) &&
+                    rows->size(2) == key_cache.size(2) && rows->stride(2) == 1,
+                "keys/values must be float32 or bfloat16 (both the same) [T, Hkv, D] with T = len(slot_mapping) and "
+                "D contiguous");
   }
   const int64_t num_slots = key_cache.size(0);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < slot_mapping.size(0); ++t) {
     TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "slot ", slots[t], " outside the cache's ", num_slots);
   }
-  return {slots, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0), keys.stride(1), values.stride(0),
-          values.stride(1)};
+  return {slots, keys.data_ptr(), values.data_ptr(), keys.stride(0), keys.stride(1), values.stride(0),
+          values.stride(1), bf16};
 }
 
 // A float16 scale as float32: one F16C instruction where the build has it (c10::Half's own conversion, without
@@ -113,19 +121,29 @@ inline void store_row(int8_t* dst, const float* src, int64_t n, at::Half* scale)
   }
 }
 
+// One new row of `n` elements as float32: `src` itself, or its bfloat16 values widened into `buffer`.
+inline const float* row_values(const void* src, int64_t offset, int64_t n, bool bf16, float* buffer) {
+  if (!bf16) return static_cast<const float*>(src) + offset;
+  const at::BFloat16* row = static_cast<const at::BFloat16*>(src) + offset;
+  for (int64_t e = 0; e < n; ++e) buffer[e] = static_cast<float>(row[e]);
+  return buffer;
+}
+
 // Writes KV heads [h0, h1) of row t into the caches (`num_kv_heads` heads of `head_dim` per slot) and, for int8
 // caches, their scales.
 template <typename scalar_t>
 inline void write_row(scalar_t* key_cache, scalar_t* value_cache, const Scales& scales, const NewRows& rows,
                       int64_t t, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t head_dim) {
   const int64_t scale_offset = rows.slots[t] * num_kv_heads, slot_offset = scale_offset * head_dim;
+  float buffer[kMaxHeadDim];
   for (int64_t h = h0; h < h1; ++h) {
     at::Half* key_scale = scales.keys != nullptr ? scales.keys + scale_offset + h : nullptr;
     at::Half* value_scale = scales.values != nullptr ? scales.values + scale_offset + h : nullptr;
-    store_row(key_cache + slot_offset + h * head_dim, rows.keys + t * rows.key_stride_t + h * rows.key_stride_h,
-              head_dim, key_scale);
-    store_row(value_cache + slot_offset + h * head_dim,
-              rows.values + t * rows.value_stride_t + h * rows.value_stride_h, head_dim, value_scale);
+    const float* key = row_values(rows.keys, t * rows.key_stride_t + h * rows.key_stride_h, head_dim, rows.bf16, buffer);
+    store_row(key_cache + slot_offset + h * head_dim, key, head_dim, key_scale);
+    const float* value =
+        row_values(rows.values, t * rows.value_stride_t + h * rows.value_stride_h, head_dim, rows.bf16, buffer);
+    store_row(value_cache + slot_offset + h * head_dim, value, head_dim, value_scale);
   }
 }
 

@@ -140,10 +140,13 @@ at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache,
                                   const c10::optional<at::Tensor>& new_values,
                                   const c10::optional<at::Tensor>& key_scales,
                                   const c10::optional<at::Tensor>& value_scales) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == at::kFloat, "query must be float32 [B, Hq, D]");
+  const bool bf16_io = query.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(query.dim() == 3 && (bf16_io || query.scalar_type() == at::kFloat),
+              "query must be float32 or bfloat16 [B, Hq, D]");
   const radixlm_kv::Scales scales = radixlm_kv::check_caches(key_cache, value_cache, key_scales, value_scales);
   TORCH_CHECK(key_cache.size(2) == query.size(2), "head_dim of the query and the cache differ");
   TORCH_CHECK(query.size(2) > 0 && key_cache.size(1) > 0, "head_dim and the number of KV heads must be positive");
+  TORCH_CHECK(query.size(2) <= radixlm_kv::kMaxHeadDim, "head_dim must be at most ", radixlm_kv::kMaxHeadDim);
   const int64_t batch = query.size(0), num_heads = query.size(1), num_kv_heads = key_cache.size(1);
   TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads");
   for (const at::Tensor* t : {&block_table, &block_offsets, &context_lens}) {
@@ -157,10 +160,10 @@ at::Tensor paged_decode_attention(const at::Tensor& query, at::Tensor key_cache,
   // usual transposed view of the packed batch needs no copy here.
   const at::Tensor q = query.stride(2) == 1 ? query : query.contiguous();
   at::Tensor out = at::empty(q.sizes(), q.options());
-  Problem p{q.data_ptr<float>(), out.data_ptr<float>(), block_table.data_ptr<int32_t>(),
+  Problem p{q.data_ptr(), out.data_ptr(), block_table.data_ptr<int32_t>(),
             block_offsets.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), q.stride(0), q.stride(1),
             num_heads, num_kv_heads, q.size(2), block_size, sliding_window, static_cast<float>(scale),
-            static_cast<float>(softcap), nullptr, nullptr, nullptr, nullptr, scales};
+            static_cast<float>(softcap), nullptr, nullptr, nullptr, nullptr, scales, bf16_io};
   radixlm_kv::NewRows rows{};
   TORCH_CHECK(slot_mapping.has_value() == new_keys.has_value() && new_keys.has_value() == new_values.has_value(),
               "slot_mapping, new_keys and new_values go together");

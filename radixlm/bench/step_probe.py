@@ -25,11 +25,12 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.engine.llm_engine import LLMEngine
+from radixlm.model.amx_linear import AmxLinear
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.prepacked_linear import PrepackedLinear
 from radixlm.model.quantize import Int8Linear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, AmxLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 
@@ -59,6 +60,8 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._small_batch.weight)
         elif isinstance(module, GGUFLinear):
             tensors.extend(part.tiles if part.tiles is not None else part.rows for part in module.parts)
+        elif isinstance(module, AmxLinear):
+            tensors.append(module.packed)
         elif not isinstance(module, PrepackedLinear):
             tensors.append(module.weight)
     return tensors
@@ -94,7 +97,7 @@ def weight_bytes(model: nn.Module) -> int:
     for `GGUFLinear`)."""
     total = 0
     for module in linear_modules(model):
-        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear)):
+        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear, AmxLinear)):
             total += module.weight_bytes
         else:
             total += module.weight.numel() * module.weight.element_size()

@@ -6,8 +6,8 @@ for each of its ops, so `torch.compile` treats them as opaque; then `torch.ops.r
 Without the extension (RADIXLM_NO_EXT=1, or a failed build) every caller keeps its PyTorch path.
 
 The ops (csrc/bindings.cpp registers them all): `paged_decode_attention` and `write_kv` (csrc/attention/),
-`small_batch_linear`, `small_batch_int8_linear`, `int8_normalize_rows`, `int8_rescale_rows_`, `gguf_linear` and
-`gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/), `silu_and_mul` (csrc/activation/).
+`small_batch_linear`, `small_batch_int8_linear`, `int8_normalize_rows`, `int8_rescale_rows_`, `amx_bf16_linear`,
+`gguf_linear` and `gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/), `silu_and_mul` (csrc/activation/).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def kernels_available() -> bool:
 @cache
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
-    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "gguf_linear", "gguf_rows": the
-    arguments and result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer,
-    see `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"). Needs the extension (see
-    `extension_error`)."""
+    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear", "gguf_linear",
+    "gguf_rows": the arguments and result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention":
+    one decode layer, see `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths";
+    "amx_bf16_available"). Needs the extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -62,6 +62,10 @@ def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
 
 def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _fake_amx_bf16_linear(x: torch.Tensor, packed: torch.Tensor, *args: object) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], packed.shape[0] * packed.shape[2])
 
 
 def _fake_normalize_rows(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
@@ -95,6 +99,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("small_batch_int8_linear", _fake_linear),
     ("int8_normalize_rows", _fake_normalize_rows),
     ("int8_rescale_rows_", _fake_no_result),
+    ("amx_bf16_linear", _fake_amx_bf16_linear),
     ("gguf_linear", _fake_gguf_linear),
     ("gguf_rows", _fake_gguf_rows),
     ("rms_norm", _fake_rms_norm),

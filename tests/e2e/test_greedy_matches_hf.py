@@ -101,19 +101,25 @@ def test_int8_kv_greedy_is_the_same_whatever_the_batching_chunking_or_preemption
     assert outputs["chunked-prefill"] == outputs["all-at-once"] == outputs["preemption"]
 
 
-def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch):
-    """bfloat16 linears prepacked for oneDNN (`radixlm.model.prepacked_linear`) change no token: the same engine with
-    prepacking off gives the same greedy output."""
-    from radixlm.model import serving_format
-    from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available
+@pytest.mark.parametrize("kernel", ["onednn", "amx"])
+def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch, kernel):
+    """bfloat16 linears prepacked for oneDNN (`radixlm.model.prepacked_linear`) or packed for the AMX kernel
+    (`radixlm.model.amx_linear`, a tied head included) change no token: the same engine with prepacking off gives
+    the same greedy output."""
+    from radixlm.model import prepacked_linear, serving_format
+    from radixlm.model.amx_linear import AmxLinear, amx_available
 
-    if not prepacking_available() or extension_error() is not None:
+    if not serving_format.prepacking_available() or extension_error() is not None:
         pytest.skip("no oneDNN or no radixlm._C: nothing is prepacked")
+    if kernel == "amx" and not amx_available():
+        pytest.skip("this CPU has no AMX-BF16")
+    monkeypatch.setattr(prepacked_linear, "amx_available", lambda: kernel == "amx")
+    packed_type = AmxLinear if kernel == "amx" else prepacked_linear.PrepackedLinear
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     options = dict(model=str(tiny_model_dir("llama")), dtype="bfloat16", num_kv_blocks=256, block_size=4)
     prepacked = build_engine(**options)
-    assert any(isinstance(m, PrepackedLinear) for m in prepacked.runner.model.modules())
+    assert any(isinstance(m, packed_type) for m in prepacked.runner.model.modules())
     monkeypatch.setattr(serving_format, "prepacking_available", lambda: False)
     plain = build_engine(**options)
-    assert not any(isinstance(m, PrepackedLinear) for m in plain.runner.model.modules())
+    assert not any(isinstance(m, packed_type) for m in plain.runner.model.modules())
     assert output_token_ids(prepacked, random_prompts(), params) == output_token_ids(plain, random_prompts(), params)

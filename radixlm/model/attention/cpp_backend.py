@@ -5,8 +5,8 @@ Every row of every chunk attends as the decode of its position, one call per lay
 through a flat block table built once per step (`DecodeTables`). A token's numbers therefore never depend on how its
 prompt was chunked, cached or batched, and the kernel reads a chunk's context once for all its rows. The op also
 writes the step's new K/V itself (one call per layer instead of two). It is a registered custom op with a fake
-kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 layers take its direct entry
-point instead (`decode_layer`), without the dispatcher.
+kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager float32 and bfloat16 layers take its
+direct entry point instead (`decode_layer`), without the dispatcher, their queries and new K/V as they are.
 
 Over bfloat16 or int8 caches the step splits (`PrefillSplit`): decode rows stay on the kernel, and each prefill
 chunk attends through PyTorch's SDPA in bfloat16 (its CPU flash attention, AMX-BF16 tiles where the CPU has them),
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
-from radixlm.model.attention.kv_write import kernel_takes_rows, write_kv
+from radixlm.model.attention.kv_write import KERNEL_ROW_DTYPES, kernel_takes_rows, write_kv
 from radixlm.model.attention.torch_backend import PrefillSegment, attend_prefill, reads_cache
 from radixlm.model.device import to_device
 from radixlm.model.kv_cache import LayerCache, PagedKVCache
@@ -191,8 +191,9 @@ def decode_layer(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ca
     """One attention layer in one C++ call from the tensors transformers passes: query `[1, Hq, T, D]` and the new
     key/value `[1, Hkv, T, D]` -> `[1, T, Hq, D]`, the new K/V written at `slot_mapping` first. It takes the direct
     entry point (`radixlm._C.decode_attention`: the op without the dispatcher, and the views taken in C++; about 7 us
-    a layer less) for float32 CPU tensors without autograd; None otherwise, and the caller goes the general way."""
-    if (query.dtype != torch.float32 or not kernel_takes_rows(key, value) or caches.keys.device.type != "cpu"
+    a layer less) for float32 or bfloat16 CPU tensors (query, key and value of one dtype) without autograd; None
+    otherwise, and the caller goes the general way."""
+    if (query.dtype != key.dtype or not kernel_takes_rows(key, value) or caches.keys.device.type != "cpu"
             or torch.is_grad_enabled()):
         return None
     return direct_kernel("decode_attention")(query, key, value, caches.keys, caches.values, tables.block_table,
@@ -205,16 +206,17 @@ def paged_decode_attention(query: torch.Tensor, caches: LayerCache, tables: Deco
                            sliding_window: int | None, softcap: float | None,
                            new_rows: NewRows | None = None) -> torch.Tensor:
     """query `[B, Hq, D]` (any float dtype) over one layer's caches `[num_slots, Hkv, D]` (float32, bfloat16 or int8
-    with its scales) -> `[B, Hq, D]`
-    in the query's dtype. Request b attends its last `sliding_window` positions (all when None); logits are
-    soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is float32. With `new_rows`
-    (one per query row, float32) the kernel first writes them into the caches, as `write_kv` would."""
+    with its scales) -> `[B, Hq, D]` in the query's dtype. Request b attends its last `sliding_window` positions
+    (all when None); logits are soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is
+    float32 (the kernel takes float32 and bfloat16 queries as they are). With `new_rows` (one per query row, float32
+    or bfloat16: `kernel_takes_rows`) the kernel first writes them into the caches, as `write_kv` would."""
     error = extension_error()  # cached: imports the extension on first use
     if error is not None:
         raise RuntimeError(f"radixlm._C is not built: {error}")
     slot_mapping, new_keys, new_values = new_rows if new_rows is not None else (None, None, None)
     out = torch.ops.radixlm.paged_decode_attention(
-        query.float(), caches.keys, caches.values, tables.block_table, tables.block_offsets, tables.context_lens,
+        query if query.dtype in KERNEL_ROW_DTYPES else query.float(), caches.keys, caches.values,
+        tables.block_table, tables.block_offsets, tables.context_lens,
         tables.block_size, scale, sliding_window or 0, softcap or 0.0, slot_mapping, new_keys, new_values,
         caches.key_scales, caches.value_scales)
     return out.to(query.dtype)

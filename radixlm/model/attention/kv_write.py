@@ -8,10 +8,14 @@ from radixlm.model.kv_cache import LayerCache
 from radixlm.model.kv_int8 import quantize_rows
 from radixlm.model.ops import extension_error
 
+KERNEL_ROW_DTYPES = (torch.float32, torch.bfloat16)
+
 
 def kernel_takes_rows(keys: torch.Tensor, values: torch.Tensor) -> bool:
-    """Whether the C++ ops (`write_kv`, and `paged_decode_attention`'s new rows) take these K/V rows as they are."""
-    return all(rows.dtype == torch.float32 and rows.stride(-1) == 1 for rows in (keys, values))
+    """Whether the C++ ops (`write_kv`, and `paged_decode_attention`'s new rows) take these K/V rows as they are:
+    float32 or bfloat16, both the same, the last dimension contiguous."""
+    return (keys.dtype in KERNEL_ROW_DTYPES and values.dtype == keys.dtype
+            and keys.stride(-1) == 1 and values.stride(-1) == 1)
 
 
 def write_kv(layer: LayerCache, slot_mapping: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
