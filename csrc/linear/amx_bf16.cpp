@@ -1,25 +1,26 @@
-// A bfloat16 linear on AMX-BF16 tiles, for the rows of a decode step (and any other count).
+// A bfloat16 linear on AMX-BF16 tiles for the few rows of a decode step, on the plain nn.Linear weight.
 //
 // Why our own: a decode step multiplies a few rows by every weight once, so it is a read of the weights. oneDNN's
-// linear on its own prepacked layout (`mkldnn._linear_pointwise`) read the default model's weights at 13-16 GB/s on a
-// Xeon with AMX (2 threads, 1-32 rows), against 36 GB/s for a plain reduction over the same tensors; this loop,
-// which walks each thread's share of the weight front to back with software prefetch, read them 1.5-2x faster
-// (tests/unit/test_amx_linear.py holds it to the PyTorch reference; `radixlm bench step` shows the step).
+// linear (`F.linear`, or `mkldnn._linear_pointwise` on its prepacked layout) read the default model's weights at
+// 13-16 GB/s on a Xeon with AMX (2 threads, 1-32 rows) where a plain reduction over the same tensors reads 36 GB/s;
+// this loop, each thread walking its share of the weight front to back, read them about 1.5-2x faster. From a few
+// dozen rows on oneDNN's matmul is faster, and radixlm/model/amx_linear.py hands those to `F.linear`.
 //
-// Layout: W packed [N / 32, K / 2, 32, 2]: for each group of 32 output features, K / 2 rows of 32 pairs of consecutive
-// input features, so a 16 x 16 B tile of one K step (32 inputs) is 16 rows of 64 bytes at a stride of 128, and one
-// K step of a group is 2 KB of contiguous memory. Each thread takes whole groups; for each group and each 32 rows of x
-// it accumulates a 32 x 32 float32 block in four C tiles (2 A tiles of x, 2 B tiles of W per K step), then rounds it
-// to bfloat16 (plus the bias) into the output.
+// The weight stays [N, K] (no second copy, and an LM head tied to the embedding needs nothing more): it is the A
+// operand, the rows of x the B operand, so each tile product computes a block of the output transposed. A group of
+// 32 output features is 32 contiguous weight rows; per K step of 32 inputs the two A tiles are its 32 rows' next 64
+// bytes, and the B tiles hold x's rows (up to 32 per pass) in AMX's pair-interleaved layout, built once per call
+// (`interleave_rows`). The 32 x 32 float32 block is then written transposed, rounded to bfloat16, bias added.
 #include "amx_bf16.h"
 
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cpuid.h>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../isa.h"
@@ -29,12 +30,8 @@
 
 namespace {
 
-constexpr int64_t kGroup = 32;        // output features per group (two 16-column B tiles)
-constexpr int64_t kStep = 32;         // input features per K step (one A tile's 64 bytes of a row)
-constexpr int64_t kStepBytes = 2048;  // one K step of one group: 16 rows x 128 bytes
-// How far ahead (in K steps) a thread prefetches its weights when it reads them once (up to 32 rows of x):
-// 8 steps = 16 KB, the best of 0, 2, 4, 8 and 16 on the default model's shapes (1-32 rows).
-constexpr int64_t kPrefetchSteps = 8;
+constexpr int64_t kGroup = 32;  // output features per group (two 16-row A tiles), and rows of x per pass
+constexpr int64_t kStep = 32;   // input features per K step (64 bytes of a row)
 
 // Linux's arch_prctl request for a tile-data permission, and the XSAVE feature number of tile data.
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -55,94 +52,130 @@ bool cpu_has_amx_bf16() {
   return tile && bf16 && __builtin_cpu_supports("avx512bf16") && radixlm::isa::cpu_has_avx512();
 }
 
-// Tiles 0-3: C (rows 0-15 x columns 0-15, 0-15 x 16-31, 16-31 x 0-15, 16-31 x 16-31); 4, 5: A (rows 0-15, 16-31);
-// 6, 7: B (columns 0-15, 16-31). `rows_high` 0: one row tile only (its tiles get 1 row, unused).
-RADIXLM_AMX void configure_tiles(int rows_low, int rows_high) {
+// Every tile 16 x 64 bytes. C: 0 (features 0-15 x rows 0-15), 1 (features 0-15 x rows 16-31), 2 (16-31 x 0-15),
+// 3 (16-31 x 16-31); A: 4, 5 (the weight's rows 0-15, 16-31); B: 6, 7 (x's rows 0-15, 16-31).
+RADIXLM_AMX void configure_tiles() {
   TileConfig config{};
   config.palette_id = 1;
-  const int high = rows_high > 0 ? rows_high : 1;
-  const uint8_t rows[8] = {static_cast<uint8_t>(rows_low), static_cast<uint8_t>(rows_low), static_cast<uint8_t>(high),
-                           static_cast<uint8_t>(high),     static_cast<uint8_t>(rows_low), static_cast<uint8_t>(high),
-                           16,                             16};
   for (int t = 0; t < 8; ++t) {
-    config.rows[t] = rows[t];
+    config.rows[t] = 16;
     config.colsb[t] = 64;
   }
   _tile_loadconfig(&config);
 }
 
-// One 32 x 32 block (or 16 x 32 when kHigh is false): x rows from `x` (stride K), one group's packed weight `w`.
-template <bool kHigh, bool kPrefetch>
-RADIXLM_AMX void block(const at::BFloat16* x, int64_t K, const at::BFloat16* w, float* c) {
+// r[i] holds row i of a 16 x 16 matrix of 32-bit words; afterwards r[j] holds its column j.
+RADIXLM_AMX inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: rows 2i and 2i+1 interleaved by word
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + j], lane L: column 4L + j of rows 4i..4i+3
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) {  // t[8i + j], lanes: columns j, 8 + j of rows 8i..8i+3, then of rows 8i+4..8i+7
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+// One group's 32 x 32 block (features x rows) of x's rows [32 * pass, +32), into c (stride 32 floats). kBoth:
+// rows 16-31 exist. `x_pairs` is the pass's interleaved rows: K / 2 lines of 32 pairs.
+template <bool kBoth>
+RADIXLM_AMX void block(const at::BFloat16* w, int64_t K, const at::BFloat16* x_pairs, float* c) {
   _tile_zero(0);
-  _tile_zero(1);
-  if (kHigh) {
-    _tile_zero(2);
+  _tile_zero(2);
+  if (kBoth) {
+    _tile_zero(1);
     _tile_zero(3);
   }
   const int64_t stride = K * 2;
   for (int64_t k = 0; k < K; k += kStep) {
-    const char* b = reinterpret_cast<const char*>(w) + (k / kStep) * kStepBytes;
-    if (kPrefetch) {
-      for (int64_t line = 0; line < kStepBytes; line += 64) {
-        _mm_prefetch(b + kPrefetchSteps * kStepBytes + line, _MM_HINT_T0);
-      }
-    }
+    const at::BFloat16* b = x_pairs + k * kGroup;  // 16 lines of 32 pairs
+    _tile_loadd(4, w + k, stride);
     _tile_loadd(6, b, 128);
-    _tile_loadd(7, b + 64, 128);
-    _tile_loadd(4, x + k, stride);
     _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    if (kHigh) {
-      _tile_loadd(5, x + 16 * K + k, stride);
-      _tile_dpbf16ps(2, 5, 6);
+    _tile_loadd(5, w + 16 * K + k, stride);
+    _tile_dpbf16ps(2, 5, 6);
+    if (kBoth) {
+      _tile_loadd(7, b + 32, 128);
+      _tile_dpbf16ps(1, 4, 7);
       _tile_dpbf16ps(3, 5, 7);
     }
   }
   _tile_stored(0, c, 128);
-  _tile_stored(1, c + 16, 128);
-  if (kHigh) {
-    _tile_stored(2, c + 16 * kGroup, 128);
+  _tile_stored(2, c + 16 * kGroup, 128);
+  if (kBoth) {
+    _tile_stored(1, c + 16, 128);
     _tile_stored(3, c + 16 * kGroup + 16, 128);
   }
 }
 
-// The block's `rows` rows (float32, stride 32) plus `bias` (32 floats), rounded to bfloat16 into out (stride N).
+// The block's rows [0, rows) of x: c[f][r] for the 32 features f, plus the bias, rounded to bfloat16 into
+// out[r * N + f] (two 16 x 16 transposes per 16 rows).
 RADIXLM_AMX void store_block(const float* c, const float* bias, at::BFloat16* out, int64_t rows, int64_t N) {
   const __m512 bias_low = _mm512_loadu_ps(bias), bias_high = _mm512_loadu_ps(bias + 16);
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 low = _mm512_add_ps(_mm512_loadu_ps(c + r * kGroup), bias_low);
-    const __m512 high = _mm512_add_ps(_mm512_loadu_ps(c + r * kGroup + 16), bias_high);
-    _mm512_storeu_si512(out + r * N, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    __m512i low[16], high[16];
+    for (int i = 0; i < 16; ++i) {
+      low[i] = _mm512_loadu_si512(c + i * kGroup + r0);
+      high[i] = _mm512_loadu_si512(c + (16 + i) * kGroup + r0);
+    }
+    transpose16(low);
+    transpose16(high);
+    for (int64_t j = 0; j < std::min<int64_t>(16, rows - r0); ++j) {
+      const __m512 a = _mm512_add_ps(_mm512_castsi512_ps(low[j]), bias_low);
+      const __m512 b = _mm512_add_ps(_mm512_castsi512_ps(high[j]), bias_high);
+      _mm512_storeu_si512(out + (r0 + j) * N, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
   }
 }
 
 // Groups [g0, g1) of the output, every row of x.
-RADIXLM_AMX void run_groups(const at::BFloat16* x, const at::BFloat16* w, const float* bias, at::BFloat16* out,
-                            int64_t M, int64_t N, int64_t K, int64_t g0, int64_t g1) {
+RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, const float* bias,
+                            at::BFloat16* out, int64_t M, int64_t N, int64_t K, int64_t g0, int64_t g1) {
   alignas(64) float c[kGroup * kGroup];
-  int configured_low = -1, configured_high = -1;
-  const bool prefetch = M <= kGroup;  // more rows re-read each group from cache: nothing to bring in ahead
+  configure_tiles();
   for (int64_t g = g0; g < g1; ++g) {
     const at::BFloat16* group = w + g * kGroup * K;
     for (int64_t m = 0; m < M; m += kGroup) {
       const int64_t rows = std::min<int64_t>(kGroup, M - m);
-      const int low = static_cast<int>(std::min<int64_t>(rows, 16)), high = static_cast<int>(rows) - low;
-      if (low != configured_low || high != configured_high) {
-        configure_tiles(low, high);
-        configured_low = low;
-        configured_high = high;
-      }
-      const at::BFloat16* rows_x = x + m * K;
-      if (high > 0) {
-        prefetch ? block<true, true>(rows_x, K, group, c) : block<true, false>(rows_x, K, group, c);
-      } else {
-        prefetch ? block<false, true>(rows_x, K, group, c) : block<false, false>(rows_x, K, group, c);
-      }
+      const at::BFloat16* pass = x_pairs + m * K;
+      rows > 16 ? block<true>(group, K, pass, c) : block<false>(group, K, pass, c);
       store_block(c, bias + g * kGroup, out + m * N + g * kGroup, rows, N);
     }
   }
   _tile_release();
+}
+
+// x's rows in passes of 32 (the last padded with zeros), each as K / 2 lines of 32 pairs: pair p of row r at
+// line p, position r. A pair of bfloat16 is one 32-bit word, so this transposes 16 x 16 blocks of words.
+RADIXLM_AMX std::vector<uint32_t> interleave_rows(const at::BFloat16* x, int64_t M, int64_t K) {
+  const int64_t passes = (M + kGroup - 1) / kGroup, pairs = K / 2;
+  std::vector<uint32_t> out(passes * pairs * kGroup);
+  const auto* words = reinterpret_cast<const uint32_t*>(x);
+  for (int64_t r0 = 0; r0 < passes * kGroup; r0 += 16) {
+    uint32_t* lines = out.data() + (r0 / kGroup) * pairs * kGroup + r0 % kGroup;
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512i block[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        block[i] = r0 + i < M ? _mm512_loadu_si512(words + (r0 + i) * pairs + p0) : _mm512_setzero_si512();
+      }
+      transpose16(block);
+      for (int64_t j = 0; j < 16; ++j) _mm512_storeu_si512(lines + (p0 + j) * kGroup, block[j]);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -155,17 +188,17 @@ bool amx_bf16_available() {
   return available;
 }
 
-at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias) {
+at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_dense_cpu(input, "x");
-  check_dense_cpu(packed, "packed");
+  check_dense_cpu(weight, "weight");
   TORCH_CHECK(amx_bf16_available(), "amx_bf16_linear needs a CPU with AMX-BF16 (and the OS's permission)");
-  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16,
+  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
               "amx_bf16_linear takes bfloat16 x and weight");
-  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kGroup && packed.size(3) == 2 && packed.is_contiguous(),
-              "the packed weight must be contiguous [N / 32, K / 2, 32, 2]");
-  const int64_t N = packed.size(0) * kGroup, K = packed.size(1) * 2;
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "the weight must be contiguous [N, K]");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(N > 0 && K > 0 && N % kGroup == 0 && K % kStep == 0,
+              "the weight's sizes must be positive multiples of 32, got [", N, ", ", K, "]");
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == K, "x has ", input.size(-1), " features, the weight ", K);
-  TORCH_CHECK(K % kStep == 0 && K > 0, "the weight's input features must be a positive multiple of 32, got ", K);
   std::vector<float> bias_values(N, 0.0f);
   if (bias.has_value()) {
     check_dense_cpu(*bias, "bias");
@@ -179,11 +212,12 @@ at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& packed, co
   out_shape.back() = N;
   at::Tensor out = at::empty(out_shape, input.options());
   if (M == 0) return out;
-  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>(), M, K);
+  const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
+  const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
+  at::BFloat16* o = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) {
-    run_groups(xp, wp, bias_values.data(), op, M, N, K, g0, g1);
+    run_groups(w, pairs, bias_values.data(), o, M, N, K, g0, g1);
   });
   return out;
 }

@@ -1,5 +1,5 @@
-// The bfloat16 linear on AMX tiles (amx_bf16.cpp), for its dispatcher registration and direct Python entry point in
-// csrc/bindings.cpp. radixlm/model/amx_linear.py holds the weight layout's pure-PyTorch pack, unpack and reference.
+// The bfloat16 linear on AMX tiles for a few rows (amx_bf16.cpp), for its dispatcher registration and direct Python
+// entry point in csrc/bindings.cpp. radixlm/model/amx_linear.py chooses it by row count and holds its reference.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,9 +9,9 @@ namespace radixlm {
 // Whether this CPU has AMX-BF16 tiles and the OS lets this process use them (asked once, on the first call).
 bool amx_bf16_available();
 
-// y = x W^T (+ b) in bfloat16, accumulated in float32: x bfloat16 [..., K]; W packed [N / 32, K / 2, 32, 2] (each
-// group of 32 output features stored as K / 2 rows of 32 pairs of consecutive input features, AMX's VNNI layout);
-// bias (optional) float32 or bfloat16 [N]. Needs amx_bf16_available().
-at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias);
+// y = x W^T (+ b) in bfloat16, accumulated in float32: x bfloat16 [..., K]; W bfloat16 [N, K] contiguous, the plain
+// nn.Linear layout, N and K multiples of 32; bias (optional) float32 or bfloat16 [N]. Any number of rows; the
+// kernel is meant for up to a few dozen (it reads W once per 32 rows). Needs amx_bf16_available().
+at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias);
 
 }  // namespace radixlm

@@ -60,8 +60,6 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._small_batch.weight)
         elif isinstance(module, GGUFLinear):
             tensors.extend(part.tiles if part.tiles is not None else part.rows for part in module.parts)
-        elif isinstance(module, AmxLinear):
-            tensors.append(module.packed)
         elif not isinstance(module, PrepackedLinear):
             tensors.append(module.weight)
     return tensors
@@ -97,7 +95,7 @@ def weight_bytes(model: nn.Module) -> int:
     for `GGUFLinear`)."""
     total = 0
     for module in linear_modules(model):
-        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear, AmxLinear)):
+        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear)):
             total += module.weight_bytes
         else:
             total += module.weight.numel() * module.weight.element_size()

@@ -9,8 +9,9 @@ to `F.linear`'s in every case checked (tests/unit/test_prepacked_linear.py).
 
 The reordered weight replaces the plain one (no second copy), except for an LM head tied to the input embedding,
 which keeps `F.linear`: the embedding still reads the plain weight, and a reordered copy would add the whole
-vocabulary matrix. On a CPU with AMX-BF16, `use_prepacked_linears` packs the linears for radixlm's own AMX kernel
-instead (`radixlm.model.amx_linear`: faster at a decode step's few rows), a tied head included.
+vocabulary matrix. On a CPU with AMX-BF16, `use_prepacked_linears` gives the linears radixlm's own AMX kernel
+instead (`radixlm.model.amx_linear`: faster at a decode step's few rows, oneDNN's matmul on the plain weight
+above), a tied head included.
 `--attention-backend torch` (the all-PyTorch reference) keeps `F.linear` everywhere.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.model.amx_linear import AmxLinear, PackedEmbedding, amx_available, fits, pack_parameter
+from radixlm.model.amx_linear import AmxLinear, amx_available, fits
 
 
 def prepacking_available() -> bool:
@@ -58,34 +59,22 @@ class PrepackedLinear(nn.Module):
 
 def use_prepacked_linears(model: nn.Module, amx: bool | None = None) -> int:
     """Replace every bfloat16 CPU `nn.Linear` of `model` by an `AmxLinear` (`radixlm.model.amx_linear`: when `amx`,
-    by default where the CPU runs its kernel, and the shape fits) or else a `PrepackedLinear`; returns how many. A head
-    tied to the input embedding is packed only for the AMX kernel, the embedding then reading the same packed copy
-    (`PackedEmbedding`); otherwise it keeps `F.linear`."""
+    by default where the CPU runs its kernel, and the shape fits; a head tied to the input embedding included, its
+    weight shared as before) or else a `PrepackedLinear` (but a tied head, which keeps `F.linear`); returns how
+    many."""
     amx = amx_available() if amx is None else amx
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied = getattr(embedding, "weight", None)
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.dtype == torch.bfloat16
-               and module.weight.device.type == "cpu" and module.weight is not tied]
+               and module.weight.device.type == "cpu"]
+    replaced = 0
     for name, linear in targets:
+        fast = amx and fits(linear.out_features, linear.in_features)
+        if linear.weight is tied and not fast:
+            continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        fast = amx and fits(linear.out_features, linear.in_features)
-        setattr(parent, child, AmxLinear.from_linear(linear) if fast else PrepackedLinear(linear))
-    return len(targets) + (amx and _pack_tied_head(model))
-
-
-def _pack_tied_head(model: nn.Module) -> bool:
-    """Pack a plain bfloat16 CPU LM head tied to a plain input embedding, for both; False if there is none."""
-    if not hasattr(model, "get_input_embeddings") or not hasattr(model, "get_output_embeddings"):
-        return False
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if type(embedding) is not nn.Embedding or type(head) is not nn.Linear or head.weight is not embedding.weight:
-        return False
-    weight = head.weight
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not fits(*weight.shape):
-        return False
-    packed = pack_parameter(weight)
-    model.set_input_embeddings(PackedEmbedding(packed))
-    model.set_output_embeddings(AmxLinear(packed, head.bias))
-    return True
+        setattr(parent, child, AmxLinear(linear) if fast else PrepackedLinear(linear))
+        replaced += 1
+    return replaced
