@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "isa.h"
 
@@ -129,21 +130,33 @@ inline const float* row_values(const void* src, int64_t offset, int64_t n, bool 
   return buffer;
 }
 
+// Writes one head's row of `n` new values (float32, or bfloat16 when `bf16`) into the cache as store_row does: a
+// bfloat16 row into a bfloat16 cache is copied as it is (rounding it again would change nothing).
+template <typename scalar_t>
+inline void store_new_row(scalar_t* dst, const void* src, int64_t offset, int64_t n, bool bf16, at::Half* scale) {
+  if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+    if (bf16) {
+      std::memcpy(dst, static_cast<const at::BFloat16*>(src) + offset, n * sizeof(at::BFloat16));
+      return;
+    }
+  }
+  float buffer[kMaxHeadDim];
+  store_row(dst, row_values(src, offset, n, bf16, buffer), n, scale);
+}
+
 // Writes KV heads [h0, h1) of row t into the caches (`num_kv_heads` heads of `head_dim` per slot) and, for int8
 // caches, their scales.
 template <typename scalar_t>
 inline void write_row(scalar_t* key_cache, scalar_t* value_cache, const Scales& scales, const NewRows& rows,
                       int64_t t, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t head_dim) {
   const int64_t scale_offset = rows.slots[t] * num_kv_heads, slot_offset = scale_offset * head_dim;
-  float buffer[kMaxHeadDim];
   for (int64_t h = h0; h < h1; ++h) {
     at::Half* key_scale = scales.keys != nullptr ? scales.keys + scale_offset + h : nullptr;
     at::Half* value_scale = scales.values != nullptr ? scales.values + scale_offset + h : nullptr;
-    const float* key = row_values(rows.keys, t * rows.key_stride_t + h * rows.key_stride_h, head_dim, rows.bf16, buffer);
-    store_row(key_cache + slot_offset + h * head_dim, key, head_dim, key_scale);
-    const float* value =
-        row_values(rows.values, t * rows.value_stride_t + h * rows.value_stride_h, head_dim, rows.bf16, buffer);
-    store_row(value_cache + slot_offset + h * head_dim, value, head_dim, value_scale);
+    store_new_row(key_cache + slot_offset + h * head_dim, rows.keys, t * rows.key_stride_t + h * rows.key_stride_h,
+                  head_dim, rows.bf16, key_scale);
+    store_new_row(value_cache + slot_offset + h * head_dim, rows.values,
+                  t * rows.value_stride_t + h * rows.value_stride_h, head_dim, rows.bf16, value_scale);
   }
 }
 
