@@ -4,11 +4,11 @@ A decode step multiplies a few rows by every weight once: it is a read of the we
 or `mkldnn._linear_pointwise` on its prepacked layout: `radixlm.model.prepacked_linear`) read the default model's
 weights at 13-16 GB/s on a Xeon with AMX (2 threads, 1-32 rows) where a plain reduction over the same tensors reads
 36 GB/s; the AMX kernel, each thread streaming its share of the weight front to back, reads them 1.7-1.9x faster at
-1-32 rows (the 1B shape's larger matrices: 1.3x). Above `AMX_MAX_ROWS` rows (prefill chunks) oneDNN's matmul on the
-same plain weight catches up and then wins (at 512 rows: 70 against 95 ms over the default model's linears), so
-those calls go to `F.linear`. The weight keeps nn.Linear's `[N, K]` layout: no second copy, and an LM head tied to
-the input embedding shares it as before. Chosen at run time: on a CPU without AMX-BF16 (or an OS that refuses its
-tiles) the bfloat16 linears keep oneDNN's prepacked path.
+1-32 rows (the 1B shape's larger matrices: 1.3x). From 128-320 rows on (prefill chunks; `amx_row_limit`) oneDNN's
+matmul on the same plain weight catches up and then wins (at 512 rows: 70 against 95 ms over the default model's
+linears), so those calls go to `F.linear`. The weight keeps nn.Linear's `[N, K]` layout: no second copy, and an LM
+head tied to the input embedding shares it as before. Chosen at run time: on a CPU without AMX-BF16 (or an OS that
+refuses its tiles) the bfloat16 linears keep oneDNN's prepacked path.
 """
 
 from __future__ import annotations
@@ -22,11 +22,20 @@ from torch import nn
 from radixlm.model.ops import direct_kernel, kernels_available
 
 GROUP = 32  # the kernel's output features per group, and input features per step
-# Up to this many rows a call runs the AMX kernel, above it `F.linear`. Over the default model's and the 1B shape's
-# linears, AMX against F.linear: 64 rows 16 / 26 and 26 / 43 ms; 128 rows 35 / 39 and 49 / 55; 192 rows 54 / 54 and
-# 70 / 65; 256 rows 48-53 / 54-57 and 86 / 82; 384 rows 76 / 61 and 136 / 122 (a Xeon with AMX, 2 threads). 256
-# keeps a 256-token prompt's prefill on the kernel, where the default model gains most.
-AMX_MAX_ROWS = 256
+# How many rows a call runs on the AMX kernel, `F.linear` above. The kernel reads x's rows again for every group of 32
+# outputs, which stays cheap while they fit in L2 beside the weight's group: up to `AMX_MIN_ROWS` rows always, up to
+# `AMX_MAX_ROWS` while x's rows take at most `AMX_ROW_BYTES`. Kernel against F.linear over the default model's
+# linears (K 576 and 1,536) at 128 / 192 / 256 / 320 rows: 1.21x / 1.14x / 1.10x / 1.11x; at 384: 0.80x. Over the
+# 1B shape's (K 2,048 and 8,192) at 96 / 128 / 160 / 192 / 256: 1.37x / 1.18x / 0.96x / 0.90x / 0.96x (medians of
+# five, one sitting, a Xeon with AMX, 2 threads).
+AMX_MIN_ROWS = 128
+AMX_MAX_ROWS = 320
+AMX_ROW_BYTES = 512 << 10
+
+
+def amx_row_limit(in_features: int) -> int:
+    """The most rows of `in_features` a call runs on the kernel (see AMX_MIN_ROWS)."""
+    return max(AMX_MIN_ROWS, min(AMX_MAX_ROWS, AMX_ROW_BYTES // (2 * in_features)))
 
 
 @cache
@@ -47,7 +56,7 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 class AmxLinear(nn.Module):
-    """`y = x W^T + b` for bfloat16 CPU tensors: the AMX kernel up to `AMX_MAX_ROWS` rows, `F.linear` above. Holds
+    """`y = x W^T + b` for bfloat16 CPU tensors: the AMX kernel up to `amx_row_limit` rows, `F.linear` above. Holds
     the `nn.Linear`'s own weight and bias (a tied weight stays tied)."""
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -60,6 +69,7 @@ class AmxLinear(nn.Module):
         self.weight = weight if weight.is_contiguous() else nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = linear.bias
         self._kernel = direct_kernel("amx_bf16_linear")
+        self._max_elements = amx_row_limit(self.in_features) * self.in_features
 
     @property
     def weight_bytes(self) -> int:
@@ -69,7 +79,7 @@ class AmxLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16:
             x = x.to(torch.bfloat16)
-        if x.numel() <= AMX_MAX_ROWS * self.in_features:
+        if x.numel() <= self._max_elements:
             return self._kernel(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.amx_linear import AMX_MAX_ROWS, AmxLinear, amx_available, fits, reference_linear
+from radixlm.model.amx_linear import AMX_MIN_ROWS, AmxLinear, amx_available, amx_row_limit, fits, reference_linear
 from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available, use_prepacked_linears
 
 needs_amx = pytest.mark.skipif(not amx_available(), reason="this CPU has no AMX-BF16 (or radixlm._C is not built)")
@@ -19,6 +19,10 @@ def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
     """Equal up to one bfloat16 rounding step: the kernel sums in another order than PyTorch's float32 matmul."""
     assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+
+
+def test_row_limit_keeps_x_in_cache_between_bounds():
+    assert amx_row_limit(576) == 320 and amx_row_limit(1536) == 170 and amx_row_limit(8192) == AMX_MIN_ROWS
 
 
 def test_shapes_the_kernel_takes():
@@ -66,7 +70,7 @@ def test_few_rows_take_the_kernel_and_many_take_f_linear(monkeypatch):
     calls = []
     kernel = layer._kernel
     monkeypatch.setattr(layer, "_kernel", lambda *args: calls.append(args[0].shape) or kernel(*args))
-    few, many = torch.randn(2, AMX_MAX_ROWS // 2, 64), torch.randn(1, AMX_MAX_ROWS + 1, 64)
+    few, many = torch.randn(2, amx_row_limit(64) // 2, 64), torch.randn(1, amx_row_limit(64) + 1, 64)
     assert_bf16_close(layer(few), reference_linear(few.bfloat16(), layer.weight, layer.bias))  # float32 x: cast
     assert torch.equal(layer(many), F.linear(many.bfloat16(), layer.weight, layer.bias))
     assert calls == [few.shape]
