@@ -1,14 +1,14 @@
 """Bfloat16 linears whose decode-sized calls run radixlm._C's AMX-BF16 kernel (csrc/linear/amx_bf16.cpp).
 
-A decode step multiplies a few rows by every weight once: it is a read of the weights. oneDNN's linear (`F.linear`,
-or `mkldnn._linear_pointwise` on its prepacked layout: `radixlm.model.prepacked_linear`) read the default model's
-weights at 13-16 GB/s on a Xeon with AMX (2 threads, 1-32 rows) where a plain reduction over the same tensors reads
-36 GB/s; the AMX kernel, each thread streaming its share of the weight front to back, reads them 1.7-1.9x faster at
-1-32 rows (the 1B shape's larger matrices: 1.3x). From 128-320 rows on (prefill chunks; `amx_row_limit`) oneDNN's
-matmul on the same plain weight catches up and then wins (at 512 rows: 70 against 95 ms over the default model's
-linears), so those calls go to `F.linear`. The weight keeps nn.Linear's `[N, K]` layout: no second copy, and an LM
-head tied to the input embedding shares it as before. Chosen at run time: on a CPU without AMX-BF16 (or an OS that
-refuses its tiles) the bfloat16 linears keep oneDNN's prepacked path.
+A decode step multiplies a few rows by every weight once: it is a read of the weights. Over the default model's fused
+linears (q/k/v, o, gate/up, down; 30 layers) on a Xeon with AMX (2 threads), the kernel, each thread streaming its
+share of the plain weight front to back, took 9.7 / 10.4 / 12.4 ms at 1 / 16 / 32 rows against oneDNN's prepacked
+path's (`radixlm.model.prepacked_linear`) 12.7 / 13.0 / 15.6 and `F.linear`'s 18.2 / 19.0 / 20.8 (one sitting). From
+128-320 rows on (prefill chunks; `amx_row_limit`) oneDNN's matmul catches up and then wins (at 512 rows: 74 against
+93 ms), so those calls go to `F.linear`. The weight keeps nn.Linear's `[N, K]` layout: no second copy, and an LM
+head tied to the input embedding shares it as before (its 56 MB on the default model were `F.linear`'s before).
+Chosen at run time: on a CPU without AMX-BF16 (or an OS that refuses its tiles) the bfloat16 linears keep oneDNN's
+prepacked path.
 """
 
 from __future__ import annotations
