@@ -41,7 +41,7 @@ TORCH_LIBRARY(radixlm, m) {
         "-> Tensor");
   m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
-  m.def("amx_bf16_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
+  m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
   // norm/
@@ -220,7 +220,7 @@ PyMethodDef methods[] = {
      "small_batch_int8_linear(x, weight, weight_scales, weight_sums, bias): torch.ops.radixlm.small_batch_int8_linear "
      "without the dispatcher"},
     {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
-     "amx_bf16_linear(x, packed, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
+     "amx_bf16_linear(x, weight, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
     {"amx_bf16_available", amx_bf16_available, METH_NOARGS,
      "amx_bf16_available(): whether this CPU has AMX-BF16 and the OS lets this process use its tiles"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,

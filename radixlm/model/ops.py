@@ -64,10 +64,6 @@ def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def _fake_amx_bf16_linear(x: torch.Tensor, packed: torch.Tensor, *args: object) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], packed.shape[0] * packed.shape[2])
-
-
 def _fake_normalize_rows(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0] + 1, x.shape[1])
 
@@ -99,7 +95,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("small_batch_int8_linear", _fake_linear),
     ("int8_normalize_rows", _fake_normalize_rows),
     ("int8_rescale_rows_", _fake_no_result),
-    ("amx_bf16_linear", _fake_amx_bf16_linear),
+    ("amx_bf16_linear", _fake_linear),
     ("gguf_linear", _fake_gguf_linear),
     ("gguf_rows", _fake_gguf_rows),
     ("rms_norm", _fake_rms_norm),

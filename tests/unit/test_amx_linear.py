@@ -117,3 +117,13 @@ def test_a_shape_that_does_not_fit_keeps_onednn():
                           nn.Linear(64, 64, dtype=torch.bfloat16))
     assert use_prepacked_linears(model, amx=True) == 3
     assert [type(m) for m in model] == [PrepackedLinear, PrepackedLinear, AmxLinear]
+
+
+@needs_amx
+def test_the_registered_op_has_a_fake_kernel_of_the_right_shape():
+    """torch.compile traces the op through its fake kernel (radixlm.model.ops): the output is [..., N]."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, weight = torch.empty(3, 5, 64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
+        assert torch.ops.radixlm.amx_bf16_linear(x, weight, None).shape == (3, 5, 96)
