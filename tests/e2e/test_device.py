@@ -60,3 +60,35 @@ def test_bfloat16_is_the_cuda_default(tiny_model_dir) -> None:
     assert engine.runner.dtype == torch.bfloat16
     outputs = output_token_ids(engine, random_prompts()[:2], SamplingParams(temperature=0.0, max_tokens=8))
     assert all(len(tokens) >= 1 for tokens in outputs)
+
+
+@needs_cuda
+def test_speculation_and_prefix_hits_on_cuda(tiny_model_dir) -> None:
+    """n-gram drafts verified on the GPU, then every prompt again from the radix tree: HF's tokens both times."""
+    from e2e.test_speculative import MAX_NEW as SPEC_NEW
+    from e2e.test_speculative import SPEC, greedy_run, repetitive_prompts
+
+    model_dir = tiny_model_dir("llama")
+    engine = build_engine(model=str(model_dir), device="cuda", dtype="float32", speculative_config=SPEC,
+                          num_kv_blocks=256, block_size=4)
+    reference = hf_greedy(model_dir, repetitive_prompts(), SPEC_NEW)
+    assert greedy_run(engine, repetitive_prompts()) == reference
+    for index, prompt in enumerate(repetitive_prompts()):  # prompts and outputs stay in the radix tree
+        engine.add_request(f"warm-{index}", prompt, SamplingParams(temperature=0.0, max_tokens=SPEC_NEW))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert greedy_run(engine, repetitive_prompts()) == reference
+    assert engine.scheduler.kv_cache_manager.stats.num_hit_tokens > 0
+    assert engine.drafter.stats.num_accepted_tokens > 0
+
+
+@needs_cuda
+def test_host_tier_under_a_cuda_cache(tiny_model_dir) -> None:
+    """Prefixes evicted from a small GPU cache come back from pinned host memory with the tokens recomputing gives."""
+    from e2e.test_kv_offload_engine import _outputs
+
+    model = str(tiny_model_dir("llama"))
+    recomputed, _ = _outputs(model, device="cuda", dtype="float32")
+    loaded, engine = _outputs(model, device="cuda", dtype="float32", kv_offload_memory="1MiB")
+    assert engine.scheduler.kv_cache_manager.offload.stats.num_loaded_blocks > 0
+    assert loaded == recomputed
