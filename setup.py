@@ -22,7 +22,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # csrc/bindings.cpp registers every op; the kernels live by kind in csrc/attention, csrc/linear, csrc/norm,
     # csrc/activation.
     sources = ["csrc/bindings.cpp",
-               "csrc/attention/paged_attention.cpp", "csrc/attention/kv_write.cpp",
+               "csrc/attention/paged_attention.cpp", "csrc/attention/prefill_attention.cpp",
+               "csrc/attention/kv_write.cpp",
                "csrc/linear/linear.cpp", "csrc/linear/linear_int8.cpp", "csrc/linear/int8_scaling.cpp",
                "csrc/linear/linear_gguf.cpp", "csrc/linear/gguf_portable.cpp", "csrc/linear/gguf_avx2.cpp",
                "csrc/linear/gguf_avx512.cpp", "csrc/linear/amx_bf16.cpp",

@@ -20,6 +20,7 @@
 #include "activation/silu_and_mul.h"
 #include "attention/kv_write.h"
 #include "attention/paged_attention.h"
+#include "attention/prefill_attention.h"
 #include "linear/amx_bf16.h"
 #include "linear/linear.h"
 #include "linear/linear_gguf.h"
@@ -33,6 +34,8 @@ TORCH_LIBRARY(radixlm, m) {
         "Tensor block_offsets, Tensor context_lens, int block_size, float scale, int sliding_window, "
         "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None, "
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> Tensor");
+  m.def("prefill_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, float scale, int sliding_window, "
+        "float softcap) -> ()");
   m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values, "
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> ()");
   // linear/
@@ -53,6 +56,7 @@ TORCH_LIBRARY(radixlm, m) {
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("paged_decode_attention", &radixlm::paged_decode_attention);
+  m.impl("prefill_attention", &radixlm::prefill_attention);
   m.impl("write_kv", &radixlm::write_kv);
   m.impl("small_batch_linear", &radixlm::small_batch_linear);
   m.impl("small_batch_int8_linear", &radixlm::small_batch_int8_linear);
@@ -95,6 +99,10 @@ PyObject* amx_bf16_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* amx_bf16_available(PyObject*, PyObject*) { return PyBool_FromLong(radixlm::amx_bf16_available()); }
+
+PyObject* prefill_attention_available(PyObject*, PyObject*) {
+  return PyBool_FromLong(radixlm::prefill_attention_available());
+}
 
 PyObject* int8_normalize_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<2, false>("int8_normalize_rows", args, nargs, [](auto& t) {
@@ -221,6 +229,8 @@ PyMethodDef methods[] = {
      "without the dispatcher"},
     {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
      "amx_bf16_linear(x, weight, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
+    {"prefill_attention_available", prefill_attention_available, METH_NOARGS,
+     "prefill_attention_available(): whether this CPU runs torch.ops.radixlm.prefill_attention (AVX-512 BF16)"},
     {"amx_bf16_available", amx_bf16_available, METH_NOARGS,
      "amx_bf16_available(): whether this CPU has AMX-BF16 and the OS lets this process use its tiles"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,

@@ -32,10 +32,10 @@ inline float exp_nonpositive(float x) {
   return y * scale;
 }
 
-#if RADIXLM_BUILD_AVX512
 // exp_nonpositive on 16 lanes at once, the same steps (the compiler does not turn the scalar loop's reductions and
-// range reduction into code this tight).
-inline __m512 exp16_nonpositive(__m512 x) {
+// range reduction into code this tight). Built whatever the -march (its own target), for the kernels built for the
+// machine's AVX-512 and for those chosen at run time (csrc/isa.h); called only where the CPU has AVX-512.
+__attribute__((target("avx512f"))) inline __m512 exp16_nonpositive(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // this order keeps a NaN (maxps returns its second operand then)
   const __m512 round = _mm512_set1_ps(12582912.0f);
   const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), round), round);
@@ -49,6 +49,5 @@ inline __m512 exp16_nonpositive(__m512 x) {
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
 }
-#endif
 
 }  // namespace radixlm

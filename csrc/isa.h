@@ -26,6 +26,9 @@
 
 #define RADIXLM_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define RADIXLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+// RADIXLM_AVX512 and the bfloat16 dot product and conversions (Zen 4 and later, Xeons from Cooper Lake).
+#define RADIXLM_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma")))
 
 namespace radixlm::isa {
 
@@ -42,6 +45,13 @@ inline bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+// What RADIXLM_AVX512_BF16 code needs: cpu_has_avx512() and AVX-512 DQ and BF16.
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512bf16");
   return has;
 }
 

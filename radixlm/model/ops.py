@@ -42,7 +42,7 @@ def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear", "gguf_linear",
     "gguf_rows": the arguments and result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention":
     one decode layer, see `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths";
-    "amx_bf16_available"). Needs the extension (see `extension_error`)."""
+    "amx_bf16_available"; "prefill_attention_available"). Needs the extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -91,6 +91,7 @@ def _fake_gguf_rows(tiles: torch.Tensor, ggml_type: int, in_features: int, out_f
 _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("paged_decode_attention", _fake_same_shape),
     ("write_kv", _fake_no_result),
+    ("prefill_attention", _fake_no_result),
     ("small_batch_linear", _fake_linear),
     ("small_batch_int8_linear", _fake_linear),
     ("int8_normalize_rows", _fake_normalize_rows),

@@ -9,12 +9,14 @@ kernel (`radixlm.model.ops`), so `torch.compile` treats it as opaque; eager floa
 direct entry point instead (`decode_layer`), without the dispatcher, their queries and new K/V as they are.
 
 Over bfloat16 or int8 caches the step splits (`PrefillSplit`): decode rows stay on the kernel, and each prefill
-chunk attends through PyTorch's SDPA in bfloat16 (its CPU flash attention, AMX-BF16 tiles where the CPU has them),
-as the torch backend does it: 5.3x faster per layer for a 2,000-token prompt on a Xeon with AMX (7.4 against 39.4
-ms, 9 query heads of 64). A float32 model's queries and new K/V are rounded to bfloat16 for it (the cache holds
-K/V at bfloat16 or below already): int8-weight models run float32 activations, and their prefill attention took
-half of a 2,000-token prefill on the kernel. There a prompt's numbers may depend on its chunking, as the cache's
-rounding already makes them differ from float32's; float32 caches keep the kernel for every row (exact).
+chunk attends in bfloat16, through our AVX-512 BF16 prefill kernel on CPUs that have it without AMX
+(`prefill_kernel.py`), else through PyTorch's SDPA (its CPU flash attention, AMX-BF16 tiles where the CPU has them)
+as the torch backend does it. Either is several times faster per layer than the decode kernel on a long prompt
+(SDPA on a Xeon with AMX: 7.4 against 39.4 ms for 2,000 tokens, 9 query heads of 64). A float32 model's queries
+and new K/V are rounded to bfloat16 for it (the cache holds K/V at bfloat16 or below already): int8-weight models
+run float32 activations, and their prefill attention took half of a 2,000-token prefill on the decode kernel. There
+a prompt's numbers may depend on its chunking, as the cache's rounding already makes them differ from float32's;
+float32 caches keep the decode kernel for every row (exact).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.kv_write import KERNEL_ROW_DTYPES, kernel_takes_rows, write_kv
-from radixlm.model.attention.torch_backend import PrefillSegment, attend_prefill, reads_cache
+from radixlm.model.attention.prefill_kernel import attend_prefill_chunk
+from radixlm.model.attention.torch_backend import PrefillSegment, reads_cache
 from radixlm.model.device import to_device
 from radixlm.model.kv_cache import LayerCache, PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
@@ -181,7 +184,7 @@ def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     if split.prefills and queries.dtype != torch.bfloat16:
         queries, new_keys, new_values = (t.to(torch.bfloat16) for t in (queries, new_keys, new_values))
     for segment in split.prefills:
-        attend_prefill(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
+        attend_prefill_chunk(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
     return output[None]
 
 

@@ -67,6 +67,11 @@ class PrefillSegment:
     device: torch.device = _HOST  # where the masks go (the cache's device)
     _masks: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
 
+    @property
+    def rows(self) -> slice:
+        """The chunk's rows of the packed batch."""
+        return slice(self.start, self.start + self.num_queries)
+
     def mask(self, sliding_window: int | None) -> torch.Tensor | None:
         """Boolean [num_queries, L] causal (and windowed) mask; None means plain causal with L == num_queries."""
         if sliding_window not in self._masks:
@@ -178,17 +183,23 @@ def attend_prefill(queries: torch.Tensor, new_keys: torch.Tensor, new_values: to
                    softcap: float | None) -> None:
     """One prefill chunk's rows of `output` (`[T, Hq, D]`) through SDPA over its context: the chunk's fresh K/V
     when it is the whole context (`segment.context_slots` None), else the cache (its new K/V already written)."""
-    rows = slice(segment.start, segment.start + segment.num_queries)
-    if segment.context_slots is None:  # the chunk is the whole context: use the fresh K/V directly
-        keys, values = new_keys[rows], new_values[rows]
-    else:
-        keys = _read(caches.keys, caches.key_scales, segment.context_slots, queries.dtype)
-        values = _read(caches.values, caches.value_scales, segment.context_slots, queries.dtype)
+    rows = segment.rows
+    keys, values = prefill_context(new_keys, new_values, caches, segment, queries.dtype)
     q = queries[:, rows][None]  # [1, Hq, q, D]
     mask = segment.mask(sliding_window)
     out = _attention(q, keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask, scaling, softcap,
                      causal=mask is None)
     output[rows] = out[0].transpose(0, 1)
+
+
+def prefill_context(new_keys: torch.Tensor, new_values: torch.Tensor, caches: LayerCache, segment: PrefillSegment,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values `[L, Hkv, D]` (in `dtype`) a prefill chunk attends: its fresh K/V (`[T, Hkv, D]`, rows
+    in query order) when it is its whole context, else its context's, read from the cache."""
+    if segment.context_slots is None:
+        return new_keys[segment.rows], new_values[segment.rows]
+    return (_read(caches.keys, caches.key_scales, segment.context_slots, dtype),
+            _read(caches.values, caches.value_scales, segment.context_slots, dtype))
 
 
 def _read(cache: torch.Tensor, scales: torch.Tensor | None, where: torch.Tensor | slice,

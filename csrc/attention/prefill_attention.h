@@ -1,0 +1,22 @@
+// Causal attention for a prefill chunk in bfloat16 on AVX-512 BF16 (prefill_attention.cpp), for its dispatcher
+// registration in csrc/bindings.cpp. radixlm/model/attention/prefill_kernel.py chooses it and holds its reference
+// (PyTorch's SDPA).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace radixlm {
+
+// Whether this CPU runs the kernel: AVX-512 F/BW/VL/DQ with the BF16 dot product (asked once).
+bool prefill_attention_available();
+
+// out[t, h] = softmax_j(scale * q[t, h] . k[j, h / rep]) v[j, h / rep] over the keys a query may see: query t sits
+// at position L - T + t of its context of L keys (the chunk is the context's last T positions), and sees keys
+// 0..its position, only the last `sliding_window` of them when that is > 0. softcap > 0 caps the logits as
+// tanh(x / softcap) * softcap. query and out [T, Hq, D], key and value [L, Hkv, D], all bfloat16 with D contiguous
+// (any other strides), Hq a multiple of Hkv, D a multiple of 16 up to 512, L >= T. Float32 arithmetic but for the
+// probabilities, rounded to bfloat16 for their product with V (as PyTorch's bfloat16 SDPA does).
+void prefill_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
+                       double scale, int64_t sliding_window, double softcap);
+
+}  // namespace radixlm

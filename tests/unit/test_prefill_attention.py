@@ -1,0 +1,124 @@
+"""The AVX-512 BF16 prefill kernel (`torch.ops.radixlm.prefill_attention`) against float32 attention on the same
+bfloat16 inputs: causal over a cached prefix, grouped heads, sliding windows, soft-caps, strided views, odd sizes;
+and `attend_prefill_chunk` through either path gives SDPA's rows."""
+
+import math
+
+import pytest
+import torch
+
+from radixlm.model.attention.prefill_kernel import attend_prefill_chunk
+from radixlm.model.attention.torch_backend import PrefillSegment
+from radixlm.model.kv_cache import PagedKVCache
+from radixlm.model.ops import direct_kernel, extension_error
+
+pytestmark = pytest.mark.skipif(
+    extension_error() is not None or not direct_kernel("prefill_attention_available")(),
+    reason="needs radixlm._C on a CPU with AVX-512 BF16")
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int,
+              softcap: float) -> torch.Tensor:
+    """float32 attention: q `[T, Hq, D]` at the last T positions of k, v `[L, Hkv, D]` -> `[T, Hq, D]`."""
+    (num_queries, num_heads, _), num_keys = q.shape, k.shape[0]
+    rep = num_heads // k.shape[1]
+    qf, kf, vf = (t.float().transpose(0, 1) for t in (q, k, v))
+    kf, vf = kf.repeat_interleave(rep, 0), vf.repeat_interleave(rep, 0)
+    logits = qf @ kf.transpose(1, 2) * scale
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    position = torch.arange(num_keys - num_queries, num_keys)[:, None]
+    key = torch.arange(num_keys)[None, :]
+    allowed = key <= position
+    if window:
+        allowed &= key > position - window
+    weights = torch.softmax(logits.masked_fill(~allowed, -math.inf), dim=-1)
+    return (weights @ vf).transpose(0, 1)
+
+
+def run_kernel(q, k, v, scale, window=0, softcap=0.0):
+    out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16)
+    torch.ops.radixlm.prefill_attention(q, k, v, out, scale, window, softcap)
+    return out
+
+
+CASES = [  # queries, keys, query heads, KV heads, head size, window, softcap
+    (1, 1, 1, 1, 64, 0, 0.0),
+    (7, 7, 9, 3, 64, 0, 0.0),
+    (37, 100, 9, 3, 64, 0, 0.0),
+    (256, 256, 4, 1, 128, 0, 0.0),
+    (65, 300, 8, 2, 64, 50, 0.0),
+    (20, 20, 4, 4, 80, 0, 30.0),
+    (33, 70, 14, 2, 16, 0, 0.0),
+    (3, 200, 130, 1, 64, 17, 0.0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_kernel_matches_float32_attention(case) -> None:
+    num_queries, num_keys, num_heads, num_kv_heads, head_dim, window, softcap = case
+    generator = torch.Generator().manual_seed(num_queries * 1000 + num_keys)
+    q = torch.randn(num_queries, num_heads, head_dim, generator=generator).to(torch.bfloat16)
+    k = torch.randn(num_keys, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
+    v = torch.randn(num_keys, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
+    scale = head_dim ** -0.5 * 2  # sharper than usual, so that masking mistakes show
+    expected = reference(q, k, v, scale, window, softcap)
+    got = run_kernel(q, k, v, scale, window, softcap).float()
+    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+def test_strided_views_and_huge_logits() -> None:
+    """Query heads-major views (as transformers lays them out) and K/V that are slices of a cache; logits in the
+    thousands stay finite (the running max is subtracted before exp)."""
+    generator = torch.Generator().manual_seed(5)
+    queries = (torch.randn(6, 50, 64, generator=generator) * 30).to(torch.bfloat16)  # [Hq, T, D]
+    cache = (torch.randn(400, 2, 64, generator=generator) * 30).to(torch.bfloat16)
+    q, k, v = queries.transpose(0, 1), cache[100:180], cache[200:280]
+    got = run_kernel(q, k, v, 1.0).float()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, reference(q, k, v, 1.0, 0, 0.0), atol=0.5, rtol=2e-2)
+
+
+@pytest.mark.parametrize("bad", ["dtype", "short context", "head size", "heads", "nan scale", "shape"])
+def test_bad_arguments_are_errors(bad: str) -> None:
+    q = torch.zeros(4, 4, 64, dtype=torch.bfloat16)
+    k = v = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
+    out, scale = torch.empty_like(q), 1.0
+    if bad == "dtype":
+        q = q.float()
+    elif bad == "short context":
+        k = v = k[:3]
+    elif bad == "head size":
+        q, k, v, out = (t[..., :24] for t in (q, k, v, out))
+    elif bad == "heads":
+        k = v = torch.zeros(8, 3, 64, dtype=torch.bfloat16)
+    elif bad == "nan scale":
+        scale = math.nan
+    else:
+        out = out[:2]
+    with pytest.raises(RuntimeError):
+        torch.ops.radixlm.prefill_attention(q, k, v, out, scale, 0, 0.0)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("output_dtype", [torch.bfloat16, torch.float32])
+def test_attend_prefill_chunk_kernel_and_sdpa_agree(cached: bool, output_dtype: torch.dtype) -> None:
+    """A chunk of 24 rows after 8 other rows of the batch, its context either fresh or 40 cached positions."""
+    generator = torch.Generator().manual_seed(11)
+    cache = PagedKVCache(1, 16, 4, 2, 64, torch.bfloat16)
+    layer = cache.layer(0)
+    layer.keys.copy_(torch.randn(layer.keys.shape, generator=generator))
+    layer.values.copy_(torch.randn(layer.values.shape, generator=generator))
+    total_rows, start, num_queries = 40, 8, 24
+    queries = torch.randn(6, total_rows, 64, generator=generator).to(torch.bfloat16)
+    new_keys, new_values = (torch.randn(total_rows, 2, 64, generator=generator).to(torch.bfloat16) for _ in "kv")
+    context = slice(3, 43) if cached else None
+    segment = PrefillSegment(start=start, num_queries=num_queries, context_slots=context,
+                             context_len=40 if cached else num_queries)
+    outputs = []
+    for use_kernel in (False, True):
+        output = torch.zeros(total_rows, 6, 64, dtype=output_dtype)
+        attend_prefill_chunk(queries, new_keys, new_values, layer, segment, output, 0.125, None, None, use_kernel)
+        outputs.append(output)
+    assert outputs[1][:start].eq(0).all() and outputs[1][start + num_queries:].eq(0).all()
+    torch.testing.assert_close(outputs[1].float(), outputs[0].float(), atol=2e-2, rtol=2e-2)
