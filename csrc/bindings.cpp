@@ -22,6 +22,7 @@
 #include "attention/paged_attention.h"
 #include "attention/prefill_attention.h"
 #include "linear/amx_bf16.h"
+#include "linear/bf16_dot.h"
 #include "linear/linear.h"
 #include "linear/linear_gguf.h"
 #include "norm/rms_norm.h"
@@ -45,6 +46,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
   m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_dot_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
   // norm/
@@ -63,6 +65,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("int8_normalize_rows", &radixlm::int8_normalize_rows);
   m.impl("int8_rescale_rows_", &radixlm::int8_rescale_rows_);
   m.impl("amx_bf16_linear", &radixlm::amx_bf16_linear);
+  m.impl("bf16_dot_linear", &radixlm::bf16_dot_linear);
   m.impl("gguf_linear", &radixlm::gguf_linear);
   m.impl("gguf_rows", &radixlm::gguf_rows);
   m.impl("rms_norm", &radixlm::rms_norm);
@@ -98,10 +101,16 @@ PyObject* amx_bf16_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   });
 }
 
+PyObject* bf16_dot_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<3, true>("bf16_dot_linear", args, nargs, [](const auto& t) {
+    return radixlm::bf16_dot_linear(*t[0], *t[1], t[2]);
+  });
+}
+
 PyObject* amx_bf16_available(PyObject*, PyObject*) { return PyBool_FromLong(radixlm::amx_bf16_available()); }
 
-PyObject* prefill_attention_available(PyObject*, PyObject*) {
-  return PyBool_FromLong(radixlm::prefill_attention_available());
+PyObject* avx512_bf16_available(PyObject*, PyObject*) {
+  return PyBool_FromLong(radixlm::prefill_attention_available() && radixlm::bf16_dot_available());
 }
 
 PyObject* int8_normalize_rows(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -229,8 +238,10 @@ PyMethodDef methods[] = {
      "without the dispatcher"},
     {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
      "amx_bf16_linear(x, weight, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
-    {"prefill_attention_available", prefill_attention_available, METH_NOARGS,
-     "prefill_attention_available(): whether this CPU runs torch.ops.radixlm.prefill_attention (AVX-512 BF16)"},
+    {"avx512_bf16_available", avx512_bf16_available, METH_NOARGS,
+     "avx512_bf16_available(): whether this CPU runs prefill_attention and bf16_dot_linear (AVX-512 BF16)"},
+    {"bf16_dot_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(bf16_dot_linear)), METH_FASTCALL,
+     "bf16_dot_linear(x, weight, bias): torch.ops.radixlm.bf16_dot_linear without the dispatcher"},
     {"amx_bf16_available", amx_bf16_available, METH_NOARGS,
      "amx_bf16_available(): whether this CPU has AMX-BF16 and the OS lets this process use its tiles"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,

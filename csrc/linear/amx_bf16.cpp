@@ -5,7 +5,7 @@
 // 13-16 GB/s on a Xeon with AMX (2 threads, 1-32 rows) where a plain reduction over the same tensors reads 36 GB/s;
 // this loop, each thread walking its share of the weight front to back, took 1.25-1.3x less time than the prepacked
 // path and 1.7-1.9x less than `F.linear` over the default model's fused linears. From 128-320 rows on oneDNN's
-// matmul is faster, and radixlm/model/amx_linear.py hands those calls to `F.linear`.
+// matmul is faster, and radixlm/model/bf16_linear.py hands those calls to `F.linear`.
 //
 // The weight stays [N, K] (no second copy, and an LM head tied to the embedding needs nothing more): it is the A
 // operand, the rows of x the B operand, so each tile product computes a block of the output transposed. A group of

@@ -1,5 +1,5 @@
 // The bfloat16 linear on AMX tiles for a few rows (amx_bf16.cpp), for its dispatcher registration and direct Python
-// entry point in csrc/bindings.cpp. radixlm/model/amx_linear.py chooses it by row count and holds its reference.
+// entry point in csrc/bindings.cpp. radixlm/model/bf16_linear.py chooses it by row count and holds its reference.
 #pragma once
 
 #include <ATen/ATen.h>

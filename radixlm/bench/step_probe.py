@@ -25,12 +25,12 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.engine.llm_engine import LLMEngine
-from radixlm.model.amx_linear import AmxLinear
+from radixlm.model.bf16_linear import Bf16Linear
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.prepacked_linear import PrepackedLinear
 from radixlm.model.quantize import Int8Linear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, AmxLinear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, Bf16Linear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 

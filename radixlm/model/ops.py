@@ -39,10 +39,10 @@ def kernels_available() -> bool:
 @cache
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
-    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear", "gguf_linear",
-    "gguf_rows": the arguments and result of `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention":
-    one decode layer, see `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths";
-    "amx_bf16_available"; "prefill_attention_available"). Needs the extension (see `extension_error`)."""
+    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear",
+    "bf16_dot_linear", "gguf_linear", "gguf_rows": the arguments and result of `torch.ops.radixlm.<name>`, without
+    the dispatcher; "decode_attention": one decode layer, see `radixlm.model.attention.cpp_backend.decode_layer`;
+    "gguf_linear_paths"; "amx_bf16_available"; "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -97,6 +97,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("int8_normalize_rows", _fake_normalize_rows),
     ("int8_rescale_rows_", _fake_no_result),
     ("amx_bf16_linear", _fake_linear),
+    ("bf16_dot_linear", _fake_linear),
     ("gguf_linear", _fake_gguf_linear),
     ("gguf_rows", _fake_gguf_rows),
     ("rms_norm", _fake_rms_norm),

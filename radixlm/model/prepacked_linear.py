@@ -9,9 +9,9 @@ to `F.linear`'s in every case checked (tests/unit/test_prepacked_linear.py).
 
 The reordered weight replaces the plain one (no second copy), except for an LM head tied to the input embedding,
 which keeps `F.linear`: the embedding still reads the plain weight, and a reordered copy would add the whole
-vocabulary matrix. On a CPU with AMX-BF16, `use_prepacked_linears` gives the linears radixlm's own AMX kernel
-instead (`radixlm.model.amx_linear`: faster at a decode step's few rows, oneDNN's matmul on the plain weight
-above), a tied head included.
+vocabulary matrix. On a CPU with AMX-BF16 or AVX-512 BF16, `use_prepacked_linears` gives the linears one of
+radixlm's own row kernels instead (`radixlm.model.bf16_linear`: faster at a decode step's few rows, oneDNN's matmul
+on the plain weight above), a tied head included; this layout serves CPUs with neither.
 `--attention-backend torch` (the all-PyTorch reference) keeps `F.linear` everywhere.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.model.amx_linear import AmxLinear, amx_available, fits
+from radixlm.model.bf16_linear import Bf16Linear, available_kernel, fits
 
 
 def prepacking_available() -> bool:
@@ -57,12 +57,15 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def use_prepacked_linears(model: nn.Module, amx: bool | None = None) -> int:
-    """Replace every bfloat16 CPU `nn.Linear` of `model` by an `AmxLinear` (`radixlm.model.amx_linear`: when `amx`,
-    by default where the CPU runs its kernel, and the shape fits; a head tied to the input embedding included, its
-    weight shared as before) or else a `PrepackedLinear` (but a tied head, which keeps `F.linear`); returns how
-    many."""
-    amx = amx_available() if amx is None else amx
+_AUTO = "auto"
+
+
+def use_prepacked_linears(model: nn.Module, kernel: str | None = _AUTO) -> int:
+    """Replace every bfloat16 CPU `nn.Linear` of `model` by a `Bf16Linear` on row kernel `kernel`
+    (`radixlm.model.bf16_linear`; "auto": the one this CPU runs best, if any) where the shape fits, a head tied to
+    the input embedding included, its weight shared as before; else (or with `kernel` None) by a `PrepackedLinear`,
+    but a tied head, which keeps `F.linear`. Returns how many were replaced."""
+    kernel = available_kernel() if kernel == _AUTO else kernel
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied = getattr(embedding, "weight", None)
     targets = [(name, module) for name, module in model.named_modules()
@@ -70,11 +73,11 @@ def use_prepacked_linears(model: nn.Module, amx: bool | None = None) -> int:
                and module.weight.device.type == "cpu"]
     replaced = 0
     for name, linear in targets:
-        fast = amx and fits(linear.out_features, linear.in_features)
+        fast = kernel is not None and fits(linear.out_features, linear.in_features, kernel)
         if linear.weight is tied and not fast:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, AmxLinear(linear) if fast else PrepackedLinear(linear))
+        setattr(parent, child, Bf16Linear(linear, kernel) if fast else PrepackedLinear(linear))
         replaced += 1
     return replaced

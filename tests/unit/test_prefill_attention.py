@@ -13,7 +13,7 @@ from radixlm.model.kv_cache import PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
 
 pytestmark = pytest.mark.skipif(
-    extension_error() is not None or not direct_kernel("prefill_attention_available")(),
+    extension_error() is not None or not direct_kernel("avx512_bf16_available")(),
     reason="needs radixlm._C on a CPU with AVX-512 BF16")
 
 

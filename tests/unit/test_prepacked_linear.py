@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.amx_linear import AmxLinear
 from radixlm.model.attention import register_paged_attention
+from radixlm.model.bf16_linear import Bf16Linear
 from radixlm.model.loader import load_model
 from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available, use_prepacked_linears
 
@@ -34,7 +34,7 @@ def test_outputs_equal_f_linear_at_every_row_count(bias):
 
 def test_float32_and_tied_heads_are_left_alone():
     model = nn.Sequential(nn.Linear(8, 8, dtype=torch.float32), nn.Linear(8, 8, dtype=torch.bfloat16))
-    assert use_prepacked_linears(model, amx=False) == 1
+    assert use_prepacked_linears(model, None) == 1
     assert type(model[0]) is nn.Linear and isinstance(model[1], PrepackedLinear)
     with pytest.raises(ValueError, match="bfloat16 CPU weight"):
         PrepackedLinear(nn.Linear(4, 4))
@@ -46,7 +46,7 @@ def test_a_bfloat16_model_loads_prepacked_and_computes_the_same(tiny_model_dir):
     attention = register_paged_attention()
     fast = load_model(tiny_model_dir("llama"), torch.bfloat16, attention, small_batch_kernels=True)
     plain = load_model(tiny_model_dir("llama"), torch.bfloat16, attention, small_batch_kernels=False)
-    packed_types = (PrepackedLinear, AmxLinear)
+    packed_types = (PrepackedLinear, Bf16Linear)
     assert any(isinstance(m, packed_types) for m in fast.modules())
     assert not any(isinstance(m, packed_types) for m in plain.modules())
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ def prefill_kernel_available() -> bool:
     has no AMX-BF16 (there SDPA measured faster)."""
     if extension_error() is not None:
         return False
-    return bool(direct_kernel("prefill_attention_available")()) and not direct_kernel("amx_bf16_available")()
+    return bool(direct_kernel("avx512_bf16_available")()) and not direct_kernel("amx_bf16_available")()
 
 
 def attend_prefill_chunk(queries: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor,

@@ -1,6 +1,6 @@
-"""The AMX-BF16 linear (csrc/linear/amx_bf16.cpp) against its PyTorch reference on every row count, `AmxLinear`'s
-split between the kernel and `F.linear`, a tied head keeping its one weight, and the choice between the AMX and
-oneDNN paths (each forced)."""
+"""The bfloat16 row kernels (AMX-BF16, csrc/linear/amx_bf16.cpp; AVX-512 BF16 dot products, csrc/linear/bf16_dot.cpp)
+against their PyTorch reference on every row count, `Bf16Linear`'s split between a kernel and `F.linear`, a tied head
+keeping its one weight, and the choice between the row kernels and oneDNN (each forced)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.amx_linear import AMX_MIN_ROWS, AmxLinear, amx_available, amx_row_limit, fits, reference_linear
+from radixlm.model.bf16_linear import (
+    AMX,
+    AMX_MIN_ROWS,
+    DOT,
+    Bf16Linear,
+    amx_available,
+    amx_row_limit,
+    dot_available,
+    fits,
+    reference_linear,
+    row_limit,
+)
 from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available, use_prepacked_linears
 
 needs_amx = pytest.mark.skipif(not amx_available(), reason="this CPU has no AMX-BF16 (or radixlm._C is not built)")
+KERNELS = [pytest.param(AMX, marks=needs_amx),
+           pytest.param(DOT, marks=pytest.mark.skipif(not dot_available(), reason="this CPU has no AVX-512 BF16"))]
 
 
 def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -27,19 +40,23 @@ def test_row_limit_keeps_x_in_cache_between_bounds():
 
 def test_shapes_the_kernel_takes():
     assert fits(64, 96) and not fits(48, 96) and not fits(64, 80) and not fits(0, 32)
+    assert fits(48, 96, DOT) and not fits(64, 80, DOT) and not fits(0, 32, DOT)
+    assert row_limit(DOT, 576) == 32 and row_limit(AMX, 576) == amx_row_limit(576)
+    with pytest.raises(ValueError, match="kernel"):
+        Bf16Linear(nn.Linear(64, 64, dtype=torch.bfloat16), "vnni")
     with pytest.raises(ValueError, match="multiples of 32"):
-        AmxLinear(nn.Linear(64, 40, dtype=torch.bfloat16))
+        Bf16Linear(nn.Linear(64, 40, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bfloat16"):
-        AmxLinear(nn.Linear(64, 64))
+        Bf16Linear(nn.Linear(64, 64))
 
 
-@needs_amx
+@pytest.mark.parametrize("kernel_name", KERNELS)
 @pytest.mark.parametrize("bias", [None, torch.float32, torch.bfloat16])
-def test_kernel_matches_the_reference_at_every_row_count(bias):
+def test_kernel_matches_the_reference_at_every_row_count(bias, kernel_name):
     torch.manual_seed(0)
     weight = torch.randn(160, 96).to(torch.bfloat16)
     bias_values = None if bias is None else torch.randn(160).to(bias)
-    kernel = AmxLinear(nn.Linear(96, 160, dtype=torch.bfloat16))._kernel
+    kernel = Bf16Linear(nn.Linear(96, 160, dtype=torch.bfloat16), kernel_name)._kernel
     for rows in (1, 3, 15, 16, 17, 31, 32, 33, 48, 64, 100, 300):
         x = torch.randn(rows, 96).to(torch.bfloat16)
         assert_bf16_close(kernel(x, weight, bias_values), reference_linear(x, weight, bias_values))
@@ -47,9 +64,9 @@ def test_kernel_matches_the_reference_at_every_row_count(bias):
     assert kernel(torch.zeros(0, 96, dtype=torch.bfloat16), weight, None).shape == (0, 160)
 
 
-@needs_amx
-def test_kernel_rejects_what_it_cannot_read():
-    kernel = AmxLinear(nn.Linear(64, 32, dtype=torch.bfloat16))._kernel
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_kernel_rejects_what_it_cannot_read(kernel_name):
+    kernel = Bf16Linear(nn.Linear(64, 32, dtype=torch.bfloat16), kernel_name)._kernel
     weight, x = torch.zeros(32, 64, dtype=torch.bfloat16), torch.zeros(2, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="features"):
         kernel(torch.zeros(2, 32, dtype=torch.bfloat16), weight, None)
@@ -59,18 +76,19 @@ def test_kernel_rejects_what_it_cannot_read():
         kernel(x, weight, torch.zeros(5))
     with pytest.raises(RuntimeError, match="contiguous"):
         kernel(x, torch.zeros(64, 32, dtype=torch.bfloat16).t(), None)
-    with pytest.raises(RuntimeError, match="multiples of 32"):
+    with pytest.raises(RuntimeError, match="multiple"):
         kernel(torch.zeros(2, 40, dtype=torch.bfloat16), torch.zeros(32, 40, dtype=torch.bfloat16), None)
 
 
-@needs_amx
-def test_few_rows_take_the_kernel_and_many_take_f_linear(monkeypatch):
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_few_rows_take_the_kernel_and_many_take_f_linear(monkeypatch, kernel_name):
     torch.manual_seed(0)
-    layer = AmxLinear(nn.Linear(64, 96, dtype=torch.bfloat16))
+    layer = Bf16Linear(nn.Linear(64, 96, dtype=torch.bfloat16), kernel_name)
     calls = []
     kernel = layer._kernel
     monkeypatch.setattr(layer, "_kernel", lambda *args: calls.append(args[0].shape) or kernel(*args))
-    few, many = torch.randn(2, amx_row_limit(64) // 2, 64), torch.randn(1, amx_row_limit(64) + 1, 64)
+    limit = row_limit(kernel_name, 64)
+    few, many = torch.randn(2, limit // 2, 64), torch.randn(1, limit + 1, 64)
     assert_bf16_close(layer(few), reference_linear(few.bfloat16(), layer.weight, layer.bias))  # float32 x: cast
     assert torch.equal(layer(many), F.linear(many.bfloat16(), layer.weight, layer.bias))
     assert calls == [few.shape]
@@ -91,15 +109,16 @@ class TiedModel(nn.Module):
         return self.head(self.body(self.embed(ids)))
 
 
-@needs_amx
-def test_forcing_amx_takes_every_fitting_linear_and_a_tied_head_keeps_its_weight():
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_forcing_a_kernel_takes_every_fitting_linear_and_a_tied_head_keeps_its_weight(kernel_name):
     torch.manual_seed(0)
     model = TiedModel()
     ids = torch.tensor([3, 50, 95])
     with torch.inference_mode():
         want = model(ids)
-        assert use_prepacked_linears(model, amx=True) == 2
-        assert isinstance(model.body, AmxLinear) and isinstance(model.head, AmxLinear)
+        assert use_prepacked_linears(model, kernel_name) == 2
+        assert isinstance(model.body, Bf16Linear) and isinstance(model.head, Bf16Linear)
+        assert model.head.kernel == kernel_name
         assert model.head.weight is model.embed.weight
         assert_bf16_close(model(ids), want)
 
@@ -107,7 +126,7 @@ def test_forcing_amx_takes_every_fitting_linear_and_a_tied_head_keeps_its_weight
 @pytest.mark.skipif(not prepacking_available(), reason="PyTorch is built without oneDNN")
 def test_forcing_onednn_leaves_the_tied_head_to_f_linear():
     model = TiedModel()
-    assert use_prepacked_linears(model, amx=False) == 1
+    assert use_prepacked_linears(model, None) == 1
     assert isinstance(model.body, PrepackedLinear) and type(model.head) is nn.Linear
 
 
@@ -115,15 +134,15 @@ def test_forcing_onednn_leaves_the_tied_head_to_f_linear():
 def test_a_shape_that_does_not_fit_keeps_onednn():
     model = nn.Sequential(nn.Linear(64, 48, dtype=torch.bfloat16), nn.Linear(48, 64, dtype=torch.bfloat16),
                           nn.Linear(64, 64, dtype=torch.bfloat16))
-    assert use_prepacked_linears(model, amx=True) == 3
-    assert [type(m) for m in model] == [PrepackedLinear, PrepackedLinear, AmxLinear]
+    assert use_prepacked_linears(model, AMX) == 3
+    assert [type(m) for m in model] == [PrepackedLinear, PrepackedLinear, Bf16Linear]
 
 
-@needs_amx
-def test_the_registered_op_has_a_fake_kernel_of_the_right_shape():
+@pytest.mark.parametrize("op", ["amx_bf16_linear", "bf16_dot_linear"])
+def test_the_registered_op_has_a_fake_kernel_of_the_right_shape(op):
     """torch.compile traces the op through its fake kernel (radixlm.model.ops): the output is [..., N]."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         x, weight = torch.empty(3, 5, 64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
-        assert torch.ops.radixlm.amx_bf16_linear(x, weight, None).shape == (3, 5, 96)
+        assert getattr(torch.ops.radixlm, op)(x, weight, None).shape == (3, 5, 96)

@@ -1,0 +1,114 @@
+"""Bfloat16 linears whose decode-sized calls run one of radixlm._C's row kernels on the plain nn.Linear weight,
+chosen at run time: AMX-BF16 tiles (csrc/linear/amx_bf16.cpp) where the CPU has them, else AVX-512 BF16 dot
+products (csrc/linear/bf16_dot.cpp); `F.linear` takes the calls with more rows.
+
+A decode step multiplies a few rows by every weight once: it is a read of the weights. Over the default model's fused
+linears (q/k/v, o, gate/up, down; 30 layers) on a Xeon with AMX (2 threads), the AMX kernel, each thread streaming
+its share of the plain weight front to back, took 9.7 / 10.4 / 12.4 ms at 1 / 16 / 32 rows against oneDNN's
+prepacked path's (`radixlm.model.prepacked_linear`) 12.7 / 13.0 / 15.6 and `F.linear`'s 18.2 / 19.0 / 20.8 (one
+sitting). From 128-320 rows on (prefill chunks; `amx_row_limit`) oneDNN's matmul catches up and then wins (at 512
+rows: 74 against 93 ms), so those calls go to `F.linear`. On a Zen 4 (AVX-512 BF16, no AMX) the dot-product kernel
+over the same linears, weights cold: 9.5 / 15.9 / 28.6 ms at 1 / 16 / 32 rows against the prepacked path's 12.8 /
+20.3 / 27.9 and `F.linear`'s 16.9 / 27.8 / 32.1; at 64 rows 47.6 against 43.1 and 52.1, so it stops at
+`DOT_MAX_ROWS`. The weight keeps nn.Linear's `[N, K]` layout: no second copy, and an LM head tied to the input
+embedding shares it as before. On a CPU with neither, the bfloat16 linears keep oneDNN's prepacked path.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.model.ops import direct_kernel, kernels_available
+
+GROUP = 32  # the AMX kernel's output features per group, and both kernels' input features per step
+AMX, DOT = "amx", "dot"  # the row kernels, by the CPU features they need
+# How many rows a call runs on the AMX kernel, `F.linear` above. The kernel reads x's rows again for every group of 32
+# outputs, which stays cheap while they fit in L2 beside the weight's group: up to `AMX_MIN_ROWS` rows always, up to
+# `AMX_MAX_ROWS` while x's rows take at most `AMX_ROW_BYTES`. Kernel against F.linear over the default model's
+# linears (K 576 and 1,536) at 128 / 192 / 256 / 320 rows: 1.21x / 1.14x / 1.10x / 1.11x; at 384: 0.80x. Over the
+# 1B shape's (K 2,048 and 8,192) at 96 / 128 / 160 / 192 / 256: 1.37x / 1.18x / 0.96x / 0.90x / 0.96x (medians of
+# five, one sitting, a Xeon with AMX, 2 threads).
+AMX_MIN_ROWS = 128
+AMX_MAX_ROWS = 320
+AMX_ROW_BYTES = 512 << 10
+# The dot-product kernel reads x's rows from L1 for each group of 4 weight rows; past 32 rows oneDNN's matmul wins.
+DOT_MAX_ROWS = 32
+
+
+def amx_row_limit(in_features: int) -> int:
+    """The most rows of `in_features` a call runs on the kernel (see AMX_MIN_ROWS)."""
+    return max(AMX_MIN_ROWS, min(AMX_MAX_ROWS, AMX_ROW_BYTES // (2 * in_features)))
+
+
+@cache
+def amx_available() -> bool:
+    """radixlm._C is built and this CPU runs its AMX-BF16 kernel (the OS granting the tiles)."""
+    return kernels_available() and bool(direct_kernel("amx_bf16_available")())
+
+
+@cache
+def dot_available() -> bool:
+    """radixlm._C is built and this CPU runs its AVX-512 BF16 dot-product kernel."""
+    return kernels_available() and bool(direct_kernel("avx512_bf16_available")())
+
+
+def available_kernel() -> str | None:
+    """The row kernel this CPU runs best: AMX, else DOT, else None (oneDNN's prepacked path)."""
+    return AMX if amx_available() else DOT if dot_available() else None
+
+
+def row_limit(kernel: str, in_features: int) -> int:
+    """The most rows of `in_features` a call runs on `kernel`, `F.linear` above."""
+    return amx_row_limit(in_features) if kernel == AMX else DOT_MAX_ROWS
+
+
+def fits(out_features: int, in_features: int, kernel: str = AMX) -> bool:
+    """Whether `kernel` takes a weight of this shape (both sizes positive, the input size a multiple of 32, and for
+    AMX the output size too)."""
+    return (out_features > 0 and in_features > 0 and in_features % GROUP == 0
+            and (kernel == DOT or out_features % GROUP == 0))
+
+
+def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The kernel's result in PyTorch: float32 products and sums of the bfloat16 inputs, rounded to bfloat16 once."""
+    float_bias = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), float_bias).to(torch.bfloat16)
+
+
+class Bf16Linear(nn.Module):
+    """`y = x W^T + b` for bfloat16 CPU tensors: row kernel `kernel` (AMX or DOT) up to `row_limit` rows, `F.linear`
+    above. Holds the `nn.Linear`'s own weight and bias (a tied weight stays tied)."""
+
+    def __init__(self, linear: nn.Linear, kernel: str = AMX) -> None:
+        super().__init__()
+        weight = linear.weight
+        if kernel not in (AMX, DOT):
+            raise ValueError(f"kernel must be {AMX!r} or {DOT!r}, got {kernel!r}")
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not fits(*weight.shape, kernel):
+            raise ValueError(f"the {kernel} linear takes a bfloat16 CPU weight with sizes multiples of {GROUP}, got "
+                             f"{weight.dtype} {tuple(weight.shape)} on {weight.device}")
+        self.in_features, self.out_features, self.kernel = linear.in_features, linear.out_features, kernel
+        self.weight = weight if weight.is_contiguous() else nn.Parameter(weight.contiguous(), requires_grad=False)
+        self.bias = linear.bias
+        self._kernel = direct_kernel("amx_bf16_linear" if kernel == AMX else "bf16_dot_linear")
+        self._max_elements = row_limit(kernel, self.in_features) * self.in_features
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes of the weight one forward reads."""
+        return self.weight.numel() * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
+        if x.numel() <= self._max_elements:
+            return self._kernel(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernel={self.kernel}")
