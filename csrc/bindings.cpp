@@ -23,6 +23,7 @@
 #include "attention/prefill_attention.h"
 #include "linear/amx_bf16.h"
 #include "linear/bf16_dot.h"
+#include "linear/bf16_packed.h"
 #include "linear/linear.h"
 #include "linear/linear_gguf.h"
 #include "norm/rms_norm.h"
@@ -47,6 +48,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
   m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("bf16_dot_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("bf16_packed_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
   // norm/
@@ -66,6 +68,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("int8_rescale_rows_", &radixlm::int8_rescale_rows_);
   m.impl("amx_bf16_linear", &radixlm::amx_bf16_linear);
   m.impl("bf16_dot_linear", &radixlm::bf16_dot_linear);
+  m.impl("bf16_packed_linear", &radixlm::bf16_packed_linear);
   m.impl("gguf_linear", &radixlm::gguf_linear);
   m.impl("gguf_rows", &radixlm::gguf_rows);
   m.impl("rms_norm", &radixlm::rms_norm);
@@ -105,6 +108,18 @@ PyObject* bf16_dot_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<3, true>("bf16_dot_linear", args, nargs, [](const auto& t) {
     return radixlm::bf16_dot_linear(*t[0], *t[1], t[2]);
   });
+}
+
+// bf16_packed_linear(x, packed, out_features, bias): torch.ops.radixlm.bf16_packed_linear without the dispatcher.
+PyObject* bf16_packed_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (!check_count("bf16_packed_linear", 4, nargs)) return nullptr;
+  c10::optional<at::Tensor> x, packed, bias;
+  int64_t out_features = 0;
+  if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &packed) || !int_arg(args, 2, &out_features) ||
+      !tensor_arg(args, 3, true, &bias)) {
+    return nullptr;
+  }
+  return run_kernel([&] { return radixlm::bf16_packed_linear(*x, *packed, out_features, bias); });
 }
 
 PyObject* amx_bf16_available(PyObject*, PyObject*) { return PyBool_FromLong(radixlm::amx_bf16_available()); }
@@ -242,6 +257,8 @@ PyMethodDef methods[] = {
      "avx512_bf16_available(): whether this CPU runs prefill_attention and bf16_dot_linear (AVX-512 BF16)"},
     {"bf16_dot_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(bf16_dot_linear)), METH_FASTCALL,
      "bf16_dot_linear(x, weight, bias): torch.ops.radixlm.bf16_dot_linear without the dispatcher"},
+    {"bf16_packed_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(bf16_packed_linear)), METH_FASTCALL,
+     "bf16_packed_linear(x, packed, out_features, bias): torch.ops.radixlm.bf16_packed_linear without the dispatcher"},
     {"amx_bf16_available", amx_bf16_available, METH_NOARGS,
      "amx_bf16_available(): whether this CPU has AMX-BF16 and the OS lets this process use its tiles"},
     {"gguf_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(gguf_linear)), METH_FASTCALL,

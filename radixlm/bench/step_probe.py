@@ -25,12 +25,12 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.engine.llm_engine import LLMEngine
-from radixlm.model.bf16_linear import Bf16Linear
+from radixlm.model.bf16_linear import Bf16Linear, DotPackedLinear
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.prepacked_linear import PrepackedLinear
 from radixlm.model.quantize import Int8Linear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, Bf16Linear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, Bf16Linear, DotPackedLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 
@@ -60,6 +60,8 @@ def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
                 tensors.append(module._small_batch.weight)
         elif isinstance(module, GGUFLinear):
             tensors.extend(part.tiles if part.tiles is not None else part.rows for part in module.parts)
+        elif isinstance(module, DotPackedLinear):
+            tensors.append(module.packed)
         elif not isinstance(module, PrepackedLinear):
             tensors.append(module.weight)
     return tensors
@@ -95,7 +97,7 @@ def weight_bytes(model: nn.Module) -> int:
     for `GGUFLinear`)."""
     total = 0
     for module in linear_modules(model):
-        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear)):
+        if isinstance(module, (Int8Linear, GGUFLinear, PrepackedLinear, DotPackedLinear)):
             total += module.weight_bytes
         else:
             total += module.weight.numel() * module.weight.element_size()

@@ -25,7 +25,7 @@ from torch import nn
 from radixlm.model.ops import direct_kernel, kernels_available
 
 GROUP = 32  # the AMX kernel's output features per group, and both kernels' input features per step
-AMX, DOT = "amx", "dot"  # the row kernels, by the CPU features they need
+AMX, DOT, PACKED = "amx", "dot", "packed"  # the kernels: AMX and DOT read the plain weight, PACKED its own layout
 # How many rows a call runs on the AMX kernel, `F.linear` above. The kernel reads x's rows again for every group of 32
 # outputs, which stays cheap while they fit in L2 beside the weight's group: up to `AMX_MIN_ROWS` rows always, up to
 # `AMX_MAX_ROWS` while x's rows take at most `AMX_ROW_BYTES`. Kernel against F.linear over the default model's
@@ -57,8 +57,9 @@ def dot_available() -> bool:
 
 
 def available_kernel() -> str | None:
-    """The row kernel this CPU runs best: AMX, else DOT, else None (oneDNN's prepacked path)."""
-    return AMX if amx_available() else DOT if dot_available() else None
+    """The kernel this CPU runs best: AMX, else PACKED (AVX-512 BF16; DOT serves a tied LM head there), else None
+    (oneDNN's prepacked path)."""
+    return AMX if amx_available() else PACKED if dot_available() else None
 
 
 def row_limit(kernel: str, in_features: int) -> int:
@@ -67,10 +68,10 @@ def row_limit(kernel: str, in_features: int) -> int:
 
 
 def fits(out_features: int, in_features: int, kernel: str = AMX) -> bool:
-    """Whether `kernel` takes a weight of this shape (both sizes positive, the input size a multiple of 32, and for
-    AMX the output size too)."""
+    """Whether `kernel` (AMX, DOT or PACKED) takes a weight of this shape (both sizes positive, the input size a
+    multiple of 32, and for AMX the output size too)."""
     return (out_features > 0 and in_features > 0 and in_features % GROUP == 0
-            and (kernel == DOT or out_features % GROUP == 0))
+            and (kernel != AMX or out_features % GROUP == 0))
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -86,7 +87,7 @@ class Bf16Linear(nn.Module):
     def __init__(self, linear: nn.Linear, kernel: str = AMX) -> None:
         super().__init__()
         weight = linear.weight
-        if kernel not in (AMX, DOT):
+        if kernel not in (AMX, DOT):  # PACKED is `DotPackedLinear`
             raise ValueError(f"kernel must be {AMX!r} or {DOT!r}, got {kernel!r}")
         if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not fits(*weight.shape, kernel):
             raise ValueError(f"the {kernel} linear takes a bfloat16 CPU weight with sizes multiples of {GROUP}, got "
@@ -112,3 +113,45 @@ class Bf16Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"kernel={self.kernel}")
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`[N, K]` bfloat16 -> the PACKED kernel's layout, int32 `[ceil(N / 32), K / 2, 32]`: block b, pair p, feature
+    j holds `weight[32b + j, 2p]` (low half) and `weight[32b + j, 2p + 1]` (high half); zeros past N."""
+    out_features, in_features = weight.shape
+    words = weight.contiguous().view(torch.int32)  # [N, K / 2]: each word one pair, the first in its low half
+    padding = -out_features % GROUP
+    if padding:
+        words = torch.cat([words, words.new_zeros(padding, in_features // 2)])
+    return words.reshape(-1, GROUP, in_features // 2).transpose(1, 2).contiguous()
+
+
+class DotPackedLinear(nn.Module):
+    """`y = x W^T + b` for bfloat16 CPU tensors on any number of rows, through the PACKED kernel
+    (csrc/linear/bf16_packed.cpp: AVX-512 BF16 dot products over `pack_weight`'s layout). The packed weight replaces
+    the plain one (no second copy), so a head tied to the embedding cannot take it."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        weight = linear.weight.detach()
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not fits(*weight.shape, PACKED):
+            raise ValueError(f"the packed linear takes a bfloat16 CPU weight with in_features a multiple of {GROUP}, "
+                             f"got {weight.dtype} {tuple(weight.shape)} on {weight.device}")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bias = linear.bias
+        # A buffer, not a parameter: the same values as the weight, in the kernel's layout.
+        self.register_buffer("packed", pack_weight(weight), persistent=False)
+        self._kernel = direct_kernel("bf16_packed_linear")
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes of the weight one forward reads."""
+        return self.in_features * self.out_features * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16)
+        return self._kernel(x, self.packed, self.out_features, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

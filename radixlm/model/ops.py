@@ -40,9 +40,10 @@ def kernels_available() -> bool:
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
     "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear",
-    "bf16_dot_linear", "gguf_linear", "gguf_rows": the arguments and result of `torch.ops.radixlm.<name>`, without
-    the dispatcher; "decode_attention": one decode layer, see `radixlm.model.attention.cpp_backend.decode_layer`;
-    "gguf_linear_paths"; "amx_bf16_available"; "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
+    "bf16_dot_linear", "bf16_packed_linear", "gguf_linear", "gguf_rows": the arguments and result of
+    `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer, see
+    `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"; "amx_bf16_available";
+    "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
     import radixlm._C
 
     return getattr(radixlm._C, name)
@@ -62,6 +63,10 @@ def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
 
 def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def _fake_packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, *args: object) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 def _fake_normalize_rows(x: torch.Tensor, row_max: torch.Tensor) -> torch.Tensor:
@@ -98,6 +103,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("int8_rescale_rows_", _fake_no_result),
     ("amx_bf16_linear", _fake_linear),
     ("bf16_dot_linear", _fake_linear),
+    ("bf16_packed_linear", _fake_packed_linear),
     ("gguf_linear", _fake_gguf_linear),
     ("gguf_rows", _fake_gguf_rows),
     ("rms_norm", _fake_rms_norm),

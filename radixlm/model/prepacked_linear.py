@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.model.bf16_linear import Bf16Linear, available_kernel, fits
+from radixlm.model.bf16_linear import DOT, PACKED, Bf16Linear, DotPackedLinear, available_kernel, fits
 
 
 def prepacking_available() -> bool:
@@ -61,10 +61,11 @@ _AUTO = "auto"
 
 
 def use_prepacked_linears(model: nn.Module, kernel: str | None = _AUTO) -> int:
-    """Replace every bfloat16 CPU `nn.Linear` of `model` by a `Bf16Linear` on row kernel `kernel`
-    (`radixlm.model.bf16_linear`; "auto": the one this CPU runs best, if any) where the shape fits, a head tied to
-    the input embedding included, its weight shared as before; else (or with `kernel` None) by a `PrepackedLinear`,
-    but a tied head, which keeps `F.linear`. Returns how many were replaced."""
+    """Replace every bfloat16 CPU `nn.Linear` of `model` by one on our kernel `kernel` (`radixlm.model.bf16_linear`;
+    "auto": the one this CPU runs best, if any) where the shape fits: a `DotPackedLinear` for PACKED, a head tied to
+    the input embedding there a `Bf16Linear` on DOT (the plain weight, shared as before); a `Bf16Linear` for AMX or
+    DOT, a tied head included. Else (or with `kernel` None) by a `PrepackedLinear`, but a tied head, which keeps
+    `F.linear`. Returns how many were replaced."""
     kernel = available_kernel() if kernel == _AUTO else kernel
     embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     tied = getattr(embedding, "weight", None)
@@ -73,11 +74,14 @@ def use_prepacked_linears(model: nn.Module, kernel: str | None = _AUTO) -> int:
                and module.weight.device.type == "cpu"]
     replaced = 0
     for name, linear in targets:
-        fast = kernel is not None and fits(linear.out_features, linear.in_features, kernel)
+        own = DOT if kernel == PACKED and linear.weight is tied else kernel
+        fast = own is not None and fits(linear.out_features, linear.in_features, own)
         if linear.weight is tied and not fast:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Bf16Linear(linear, kernel) if fast else PrepackedLinear(linear))
+        replacement = (DotPackedLinear(linear) if own == PACKED else Bf16Linear(linear, own)) if fast \
+            else PrepackedLinear(linear)
+        setattr(parent, child, replacement)
         replaced += 1
     return replaced

@@ -27,7 +27,8 @@ def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linea
     assert ms["step"] >= ms["execute"] >= ms["forward"] >= ms["linears"] > 0 and ms["attention"] > 0
     assert "| 40 |" in capsys.readouterr().out
     engine = build_engine(**options)
-    packed = [m for m in linear_modules(engine.runner.model) if type(m).__name__ in ("PrepackedLinear", "Bf16Linear")]
+    packed = [m for m in linear_modules(engine.runner.model) if type(m).__name__ in ("PrepackedLinear", "Bf16Linear",
+                                                                                          "DotPackedLinear")]
     assert packed and weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in packed)
 
 

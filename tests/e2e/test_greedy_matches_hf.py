@@ -104,7 +104,7 @@ def test_int8_kv_greedy_is_the_same_whatever_the_batching_chunking_or_preemption
     assert outputs["chunked-prefill"] == outputs["all-at-once"] == outputs["preemption"]
 
 
-@pytest.mark.parametrize("kernel", ["onednn", "amx", "dot"])
+@pytest.mark.parametrize("kernel", ["onednn", "amx", "dot", "packed"])
 def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch, kernel):
     """bfloat16 linears prepacked for oneDNN (`radixlm.model.prepacked_linear`) or on a row kernel
     (`radixlm.model.bf16_linear`, AMX or AVX-512 BF16 dot products, a tied head included) change no token: the same
@@ -113,11 +113,13 @@ def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir,
 
     if not serving_format.prepacking_available() or extension_error() is not None:
         pytest.skip("no oneDNN or no radixlm._C: nothing is prepacked")
-    available = {"amx": bf16_linear.amx_available(), "dot": bf16_linear.dot_available(), "onednn": True}
+    available = {"amx": bf16_linear.amx_available(), "dot": bf16_linear.dot_available(),
+                 "packed": bf16_linear.dot_available(), "onednn": True}
     if not available[kernel]:
         pytest.skip(f"this CPU cannot run the {kernel} kernel")
     monkeypatch.setattr(prepacked_linear, "available_kernel", lambda: None if kernel == "onednn" else kernel)
-    packed_type = bf16_linear.Bf16Linear if kernel != "onednn" else prepacked_linear.PrepackedLinear
+    packed_type = {"onednn": prepacked_linear.PrepackedLinear, "packed": bf16_linear.DotPackedLinear}.get(
+        kernel, bf16_linear.Bf16Linear)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     options = dict(model=str(tiny_model_dir("llama")), dtype="bfloat16", num_kv_blocks=256, block_size=4)
     prepacked = build_engine(**options)

@@ -13,11 +13,14 @@ from radixlm.model.bf16_linear import (
     AMX,
     AMX_MIN_ROWS,
     DOT,
+    PACKED,
     Bf16Linear,
+    DotPackedLinear,
     amx_available,
     amx_row_limit,
     dot_available,
     fits,
+    pack_weight,
     reference_linear,
     row_limit,
 )
@@ -138,11 +141,74 @@ def test_a_shape_that_does_not_fit_keeps_onednn():
     assert [type(m) for m in model] == [PrepackedLinear, PrepackedLinear, Bf16Linear]
 
 
-@pytest.mark.parametrize("op", ["amx_bf16_linear", "bf16_dot_linear"])
+@pytest.mark.parametrize("op", ["amx_bf16_linear", "bf16_dot_linear", "bf16_packed_linear"])
 def test_the_registered_op_has_a_fake_kernel_of_the_right_shape(op):
     """torch.compile traces the op through its fake kernel (radixlm.model.ops): the output is [..., N]."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         x, weight = torch.empty(3, 5, 64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
-        assert getattr(torch.ops.radixlm, op)(x, weight, None).shape == (3, 5, 96)
+        if op == "bf16_packed_linear":
+            packed = torch.empty(3, 32, 32, dtype=torch.int32)
+            assert torch.ops.radixlm.bf16_packed_linear(x, packed, 96, None).shape == (3, 5, 96)
+        else:
+            assert getattr(torch.ops.radixlm, op)(x, weight, None).shape == (3, 5, 96)
+
+
+needs_avx512_bf16 = pytest.mark.skipif(not dot_available(), reason="this CPU has no AVX-512 BF16")
+
+
+def test_pack_weight_layout():
+    weight = torch.randn(40, 64).to(torch.bfloat16)
+    packed = pack_weight(weight)
+    assert packed.shape == (2, 32, 32) and packed.dtype == torch.int32
+    words = packed.view(torch.int16)  # [2, 32, 64]: each word's low half first
+    block, pair, feature = 1, 5, 3
+    assert words[block, pair, 2 * feature].view(torch.bfloat16) == weight[32 + feature, 2 * pair]
+    assert words[block, pair, 2 * feature + 1].view(torch.bfloat16) == weight[32 + feature, 2 * pair + 1]
+    assert packed[1, :, 8:].eq(0).all()  # features 40 .. 63 do not exist
+
+
+@needs_avx512_bf16
+@pytest.mark.parametrize("bias", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_features", [32, 100])
+def test_packed_kernel_matches_the_reference_at_every_row_count(bias, out_features):
+    torch.manual_seed(0)
+    linear = nn.Linear(608, out_features, dtype=torch.bfloat16)  # K over two chunks of 256 and a part
+    if bias is None:
+        linear.bias = None
+    else:
+        linear.bias = nn.Parameter(torch.randn(out_features).to(bias), requires_grad=False)
+    layer = DotPackedLinear(linear)
+    for rows in (1, 2, 5, 12, 13, 16, 25, 32, 64, 100, 300):
+        x = torch.randn(rows, 608).to(torch.bfloat16)
+        assert_bf16_close(layer(x), reference_linear(x, linear.weight, linear.bias))
+    assert layer(torch.zeros(2, 3, 608)).shape == (2, 3, out_features)
+    assert layer(torch.zeros(0, 608, dtype=torch.bfloat16)).shape == (0, out_features)
+
+
+@needs_avx512_bf16
+def test_packed_kernel_rejects_a_packed_weight_of_another_shape():
+    layer = DotPackedLinear(nn.Linear(64, 40, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="packed"):
+        layer._kernel(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 70, None)
+    with pytest.raises(RuntimeError, match="packed"):
+        layer._kernel(torch.zeros(2, 32, dtype=torch.bfloat16), layer.packed, 40, None)
+    with pytest.raises(RuntimeError, match="bias"):
+        layer._kernel(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 40, torch.zeros(3))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        DotPackedLinear(nn.Linear(40, 64, dtype=torch.bfloat16))
+
+
+@needs_avx512_bf16
+def test_packed_choice_gives_the_tied_head_the_plain_dot_kernel():
+    torch.manual_seed(0)
+    model = TiedModel()
+    ids = torch.tensor([3, 50, 95])
+    with torch.inference_mode():
+        want = model(ids)
+        assert use_prepacked_linears(model, PACKED) == 2
+        assert isinstance(model.body, DotPackedLinear) and not hasattr(model.body, "weight")
+        assert isinstance(model.head, Bf16Linear) and model.head.kernel == DOT
+        assert model.head.weight is model.embed.weight
+        assert_bf16_close(model(ids), want)

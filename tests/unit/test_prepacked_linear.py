@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.attention import register_paged_attention
-from radixlm.model.bf16_linear import Bf16Linear
+from radixlm.model.bf16_linear import Bf16Linear, DotPackedLinear
 from radixlm.model.loader import load_model
 from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available, use_prepacked_linears
 
@@ -42,11 +42,11 @@ def test_float32_and_tied_heads_are_left_alone():
 
 def test_a_bfloat16_model_loads_prepacked_and_computes_the_same(tiny_model_dir):
     """The C++ kernels' switch (off: the all-PyTorch reference) decides; each linear computes what the plain one
-    does (oneDNN's exactly, the AMX kernel's up to its summation order: one bfloat16 rounding step)."""
+    does (oneDNN's exactly, our kernels' up to their summation order: one bfloat16 rounding step)."""
     attention = register_paged_attention()
     fast = load_model(tiny_model_dir("llama"), torch.bfloat16, attention, small_batch_kernels=True)
     plain = load_model(tiny_model_dir("llama"), torch.bfloat16, attention, small_batch_kernels=False)
-    packed_types = (PrepackedLinear, Bf16Linear)
+    packed_types = (PrepackedLinear, Bf16Linear, DotPackedLinear)
     assert any(isinstance(m, packed_types) for m in fast.modules())
     assert not any(isinstance(m, packed_types) for m in plain.modules())
     torch.manual_seed(0)
