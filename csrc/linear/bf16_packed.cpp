@@ -26,9 +26,14 @@ constexpr int64_t kBlockN = 32;     // output features per packed block
 constexpr int64_t kChunkK = 256;    // inputs per chunk (128 pairs: 16 KB of a block)
 constexpr int kTileRows = 12;       // rows of x per register tile, at most (24 accumulators)
 constexpr int64_t kPrefetchPairs = 16;  // how far ahead (2 KB) the first tile of a chunk prefetches the weight
+// x's rows are copied kRowPadding elements apart when their size is a multiple of this many bytes: rows 4 KB apart
+// (K 2,048 or 8,192) share L1 sets, and a tile's 12 rows then evict each other.
+constexpr int64_t kAliasBytes = 1024;
+constexpr int64_t kRowPadding = 32;
 
 struct Problem {
-  const uint16_t* x;
+  const uint16_t* x;  // rows ldx elements apart
+  int64_t ldx;
   const uint32_t* w;  // [N / 32, K / 2, 32] words
   const float* bias;
   uint16_t* out;
@@ -46,7 +51,7 @@ RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m
     acc[m][0] = accumulate ? _mm512_loadu_ps(sums + m * kBlockN) : _mm512_setzero_ps();
     acc[m][1] = accumulate ? _mm512_loadu_ps(sums + m * kBlockN + 16) : _mm512_setzero_ps();
   }
-  const uint16_t* x = p.x + m0 * p.k_dim + k0;
+  const uint16_t* x = p.x + m0 * p.ldx + k0;
   const uint32_t* w = block + (k0 / 2) * kBlockN;
   for (int64_t i = 0; i < pairs; ++i) {
     const __m512bh w0 = as_bh(_mm512_loadu_si512(w + i * kBlockN));
@@ -57,7 +62,7 @@ RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m
     }
     for (int m = 0; m < kRows; ++m) {
       uint32_t pair;
-      std::memcpy(&pair, x + m * p.k_dim + 2 * i, sizeof(pair));
+      std::memcpy(&pair, x + m * p.ldx + 2 * i, sizeof(pair));
       const __m512bh input = as_bh(_mm512_set1_epi32(static_cast<int>(pair)));
       acc[m][0] = _mm512_dpbf16_ps(acc[m][0], input, w0);
       acc[m][1] = _mm512_dpbf16_ps(acc[m][1], input, w1);
@@ -142,11 +147,16 @@ at::Tensor bf16_packed_linear(const at::Tensor& input, const at::Tensor& packed,
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features, "bias must be [N]");
     float_bias = bias->to(at::kFloat).contiguous();
   }
-  const at::Tensor x = input.contiguous();
+  at::Tensor x = input.contiguous();
   at::Tensor out = empty_output(x, out_features);
   const int64_t rows = x.numel() / k_dim;
   if (rows == 0) return out;
-  const Problem p{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+  int64_t ldx = k_dim;
+  if (rows > 1 && (k_dim * 2) % kAliasBytes == 0) {
+    ldx = k_dim + kRowPadding;
+    x = at::constant_pad_nd(x.reshape({rows, k_dim}), {0, kRowPadding});
+  }
+  const Problem p{reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), ldx,
                   reinterpret_cast<const uint32_t*>(packed.data_ptr<int32_t>()),
                   float_bias.defined() ? float_bias.data_ptr<float>() : nullptr,
                   reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), rows, out_features, k_dim};

@@ -172,19 +172,22 @@ def test_pack_weight_layout():
 @needs_avx512_bf16
 @pytest.mark.parametrize("bias", [None, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("out_features", [32, 100])
-def test_packed_kernel_matches_the_reference_at_every_row_count(bias, out_features):
+@pytest.mark.parametrize("in_features", [608, 512])  # over two chunks of 256 and a part; rows 1 KB apart: padded
+def test_packed_kernel_matches_the_reference_at_every_row_count(bias, out_features, in_features):
     torch.manual_seed(0)
-    linear = nn.Linear(608, out_features, dtype=torch.bfloat16)  # K over two chunks of 256 and a part
+    linear = nn.Linear(in_features, out_features, dtype=torch.bfloat16)
     if bias is None:
         linear.bias = None
     else:
         linear.bias = nn.Parameter(torch.randn(out_features).to(bias), requires_grad=False)
     layer = DotPackedLinear(linear)
     for rows in (1, 2, 5, 12, 13, 16, 25, 32, 64, 100, 300):
-        x = torch.randn(rows, 608).to(torch.bfloat16)
+        x = torch.randn(rows, in_features).to(torch.bfloat16)
         assert_bf16_close(layer(x), reference_linear(x, linear.weight, linear.bias))
-    assert layer(torch.zeros(2, 3, 608)).shape == (2, 3, out_features)
-    assert layer(torch.zeros(0, 608, dtype=torch.bfloat16)).shape == (0, out_features)
+    strided = torch.randn(3, 2 * in_features).to(torch.bfloat16)[:, ::2]
+    assert_bf16_close(layer(strided), reference_linear(strided, linear.weight, linear.bias))
+    assert layer(torch.zeros(2, 3, in_features)).shape == (2, 3, out_features)
+    assert layer(torch.zeros(0, in_features, dtype=torch.bfloat16)).shape == (0, out_features)
 
 
 @needs_avx512_bf16
