@@ -23,14 +23,16 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> None:
-    from radixlm.config import EngineConfig
-    from radixlm.config_values import parse_bytes
-    from radixlm.server.api_server import ServerOptions, check_api_key, run_server
-    from radixlm.server.chat_options import ChatOptions
+    from radixlm.server.api_key import check_api_key
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("RADIXLM_API_KEY")
     if api_key is not None:
-        check_api_key(api_key)  # before anything loads: an empty key must not read as "no key"
+        check_api_key(api_key)  # before anything loads (torch, the model): an empty key must not read as "no key"
+    from radixlm.config import EngineConfig
+    from radixlm.config_values import parse_bytes
+    from radixlm.server.api_server import ServerOptions, run_server
+    from radixlm.server.chat_options import ChatOptions
+
     options = engine_kwargs(args)
     config = EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
     if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server

@@ -34,6 +34,7 @@ from radixlm.engine.async_engine import AsyncEngine
 from radixlm.engine.llm_engine import LLMEngine, build_engine
 from radixlm.metrics import CONTENT_TYPE, EngineMetrics, ScrapeSample, read_on_scrape
 from radixlm.server.anthropic_messages import AnthropicMessages
+from radixlm.server.api_key import check_api_key
 from radixlm.server.chat import ChatCompletions
 from radixlm.server.chat_options import ChatOptions
 from radixlm.server.chat_template import check_template_kwargs
@@ -80,19 +81,6 @@ class ServerOptions:
     def __post_init__(self) -> None:
         if self.api_key is not None:
             check_api_key(self.api_key)
-
-
-def check_api_key(api_key: str) -> None:
-    """Raise ValueError (naming --api-key) for a key no client could send: empty or blank (which would read as
-    "no key" and turn auth off), with whitespace at either end (stripped from the header a client sends), or with
-    anything but printable ASCII (HTTP header values cannot carry it)."""
-    if not api_key.strip():
-        raise ValueError("--api-key (or $RADIXLM_API_KEY) is empty; give a key, or omit it to serve without one")
-    if api_key != api_key.strip():
-        raise ValueError("--api-key (or $RADIXLM_API_KEY) starts or ends with whitespace, which clients' headers "
-                         "cannot carry")
-    if not (api_key.isascii() and api_key.isprintable()):
-        raise ValueError("--api-key (or $RADIXLM_API_KEY) must be printable ASCII (HTTP headers carry nothing else)")
 
 
 def create_app(engine_factory: Callable[[], LLMEngine] | Sequence[Callable[[], LLMEngine]], model_name: str,
