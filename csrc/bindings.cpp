@@ -38,6 +38,8 @@ TORCH_LIBRARY(radixlm, m) {
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> Tensor");
   m.def("prefill_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, float scale, int sliding_window, "
         "float softcap) -> ()");
+  m.def("prefill_attention_paged(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) out, "
+        "Tensor block_table, Tensor segments, int block_size, float scale, int sliding_window, float softcap) -> ()");
   m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values, "
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> ()");
   // linear/
@@ -61,6 +63,7 @@ TORCH_LIBRARY(radixlm, m) {
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("paged_decode_attention", &radixlm::paged_decode_attention);
   m.impl("prefill_attention", &radixlm::prefill_attention);
+  m.impl("prefill_attention_paged", &radixlm::prefill_attention_paged);
   m.impl("write_kv", &radixlm::write_kv);
   m.impl("small_batch_linear", &radixlm::small_batch_linear);
   m.impl("small_batch_int8_linear", &radixlm::small_batch_int8_linear);

@@ -1,4 +1,4 @@
-// Causal attention over a prefill chunk with AVX-512's bfloat16 dot product (vdpbf16ps), flash-attention style.
+// Causal attention over prefill chunks with AVX-512's bfloat16 dot product (vdpbf16ps), flash-attention style.
 //
 // Why our own: PyTorch's CPU flash SDPA ran a 2,000-token prefill of the default model at 0.11 TFLOP/s on a Zen 4
 // (2 threads, bfloat16 or float32 alike; 41.6 ms a layer, half of the prefill), where its bfloat16 matmul reaches
@@ -8,9 +8,13 @@
 // K and V are first repacked per KV head into the dot product's pair layout (one pass, O(L)): a block of 64 keys
 // holds, for each pair of dimensions, the 64 keys' pairs as 32-bit words (`kp`, so 16 keys' scores are one vector
 // of dot products), and, for each pair of consecutive keys, their D values interleaved (`vp`, so the probabilities of
-// two keys multiply 16 dimensions at once). A work item is a run of query positions of one KV head, with every query
-// head that shares it (up to 64 rows); it walks the key blocks its rows may see with an online softmax, its scores,
-// probabilities and output in float32 scratch, and writes each row once at the end.
+// two keys multiply 16 dimensions at once). A work item is a run of query positions of one chunk and one KV head,
+// with every query head that shares it (up to 64 rows); it walks the key blocks its rows may see with an online
+// softmax (prefill_blocks.h), its scores, probabilities and output in float32 scratch, and writes each row once.
+//
+// The paged entry takes every chunk of a step in one call, reading K/V from the cache through block tables. Chunks
+// that share a cached prefix (the same cache blocks) share its packed key blocks: a shared prefix is packed once
+// per layer and stays in cache for every chunk that reads it.
 #include "prefill_attention.h"
 
 #include <omp.h>
@@ -18,54 +22,44 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
+#include <map>
 #include <vector>
 
-#include "../exp_nonpositive.h"
-#include "../isa.h"
+#include "prefill_blocks.h"
 
 namespace {
 
-constexpr int64_t kKeys = 64;     // keys per block
-constexpr int kKeyVecs = kKeys / 16;  // 16-lane score vectors per row and block
-constexpr int64_t kMaxRows = 64;  // query rows per work item (positions x the query heads of one KV head)
+using radixlm_prefill::kKeys;
+using radixlm_prefill::kMaxRows;
+using radixlm_prefill::Problem;
+using radixlm_prefill::Rows;
+using radixlm_prefill::Scratch;
+
 constexpr int64_t kSerialMacs = int64_t{1} << 20;  // below this many multiply-adds one thread runs it all
 
-struct Rows {  // a [n, heads, D] bfloat16 tensor's data and its first two strides (elements)
-  uint16_t* data;
-  int64_t s0, s1;
-  uint16_t* at(int64_t i, int64_t h) const { return data + i * s0 + h * s1; }
+// One chunk: query rows first_row .. first_row + num_queries - 1 of the step, the last positions of a context of
+// num_keys keys, whose key block b is packed block groups[b].
+struct Segment {
+  int64_t first_row, num_queries, num_keys;
+  std::vector<int64_t> groups;
 };
 
-struct Problem {
-  Rows q, k, v, out;
-  int64_t num_queries, num_keys, num_kv_heads, rep, head_dim, num_blocks, positions_per_item;
-  float scale, softcap;
-  int64_t window;  // 0: every earlier key
-  const uint32_t* kp;
-  const uint32_t* vp;
-  int64_t first_key(int64_t position) const { return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0; }
+// The keys to pack: block g holds the K/V rows at slots[g * kKeys + c] of the sources (-1: past the context, zeros).
+struct Packing {
+  Rows k, v;
+  std::vector<int64_t> slots;
+  int64_t num_groups() const { return static_cast<int64_t>(slots.size()) / kKeys; }
 };
 
-struct Scratch {  // one thread's, for one item at a time
-  std::vector<uint32_t> q, probs;
-  std::vector<float> scores, out, max, sum, alpha;
-  explicit Scratch(int64_t rows, int64_t head_dim)
-      : q(rows * head_dim / 2), probs(rows * kKeys / 2), scores(rows * kKeys), out(rows * head_dim), max(rows),
-        sum(rows), alpha(rows) {}
-};
-
-// Block b of KV head h in the pair layouts (zeros past the last key).
-void pack_block(const Problem& p, uint32_t* kp, uint32_t* vp, int64_t h, int64_t b) {
+// Block g of KV head h in the pair layouts.
+void pack_block(const Problem& p, const Packing& src, int64_t g, int64_t h) {
   const int64_t half = p.head_dim / 2, d = p.head_dim;
-  uint32_t* kdst = kp + (h * p.num_blocks + b) * half * kKeys;
-  uint32_t* vdst = vp + (h * p.num_blocks + b) * (kKeys / 2) * d;
+  uint32_t* kdst = const_cast<uint32_t*>(p.key_block(g, h));
+  uint32_t* vdst = const_cast<uint32_t*>(p.value_block(g, h));
+  const int64_t* slots = src.slots.data() + g * kKeys;
   for (int64_t c = 0; c < kKeys; ++c) {
-    const int64_t j = b * kKeys + c;
-    const uint16_t* row = j < p.num_keys ? p.k.at(j, h) : nullptr;
+    const uint16_t* row = slots[c] >= 0 ? src.k.at(slots[c], h) : nullptr;
     for (int64_t i = 0; i < half; ++i) {
       uint32_t word = 0;
       if (row != nullptr) std::memcpy(&word, row + 2 * i, sizeof(word));
@@ -73,9 +67,8 @@ void pack_block(const Problem& p, uint32_t* kp, uint32_t* vp, int64_t h, int64_t
     }
   }
   for (int64_t pair = 0; pair < kKeys / 2; ++pair) {
-    const int64_t j = b * kKeys + 2 * pair;
-    const uint16_t* first = j < p.num_keys ? p.v.at(j, h) : nullptr;
-    const uint16_t* second = j + 1 < p.num_keys ? p.v.at(j + 1, h) : nullptr;
+    const uint16_t* first = slots[2 * pair] >= 0 ? src.v.at(slots[2 * pair], h) : nullptr;
+    const uint16_t* second = slots[2 * pair + 1] >= 0 ? src.v.at(slots[2 * pair + 1], h) : nullptr;
     for (int64_t e = 0; e < d; ++e) {
       const uint32_t lo = first != nullptr ? first[e] : 0, hi = second != nullptr ? second[e] : 0;
       vdst[pair * d + e] = lo | (hi << 16);
@@ -83,127 +76,22 @@ void pack_block(const Problem& p, uint32_t* kp, uint32_t* vp, int64_t h, int64_t
   }
 }
 
-inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
-
-// scores[r, 0 .. kKeys) = q[r] . k[block's keys] for kRows rows from `r0`.
-template <int kRows>
-RADIXLM_AVX512_BF16 void block_scores(const Problem& p, Scratch& w, int64_t r0, const uint32_t* kblock) {
-  const int64_t half = p.head_dim / 2;
-  __m512 acc[kRows][kKeyVecs];
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_setzero_ps();
-  }
-  const uint32_t* q = w.q.data() + r0 * half;
-  for (int64_t i = 0; i < half; ++i) {
-    __m512bh keys[kKeyVecs];
-    for (int c = 0; c < kKeyVecs; ++c) keys[c] = as_bh(_mm512_loadu_si512(kblock + i * kKeys + 16 * c));
-    for (int r = 0; r < kRows; ++r) {
-      const __m512bh qq = as_bh(_mm512_set1_epi32(static_cast<int>(q[r * half + i])));
-      for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qq, keys[c]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kKeyVecs; ++c) _mm512_storeu_ps(w.scores.data() + (r0 + r) * kKeys + 16 * c, acc[r][c]);
-  }
-}
-
-// Row r's online softmax step over block b: its probabilities (bfloat16 pairs), running max and sum, and the factor
-// its output so far is scaled by.
-RADIXLM_AVX512_BF16 void block_softmax(const Problem& p, Scratch& w, int64_t r, int64_t position, int64_t b) {
-  float* s = w.scores.data() + r * kKeys;
-  if (p.softcap > 0.f) {
-    for (int64_t c = 0; c < kKeys; ++c) s[c] = std::tanh(s[c] * p.scale / p.softcap) * p.softcap;
-  }
-  const float scale = p.softcap > 0.f ? 1.f : p.scale;
-  const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(b * kKeys)),
-                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i lo = _mm512_set1_epi32(static_cast<int>(p.first_key(position)));
-  const __m512i hi = _mm512_set1_epi32(static_cast<int>(position));
-  __m512 x[kKeyVecs];
-  __mmask16 valid[kKeyVecs];
-  float block_max = -std::numeric_limits<float>::infinity();
-  for (int c = 0; c < kKeyVecs; ++c) {
-    const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
-    valid[c] = _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
-    x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), _mm512_set1_ps(scale));
-    const __m512 shown = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), valid[c],
-                                            x[c]);
-    block_max = std::max(block_max, _mm512_reduce_max_ps(shown));
-  }
-  const float old_max = w.max[r], new_max = std::max(old_max, block_max);
-  if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing seen yet: no probability, nothing to scale
-    std::memset(w.probs.data() + r * kKeys / 2, 0, kKeys * 2);
-    w.alpha[r] = 1.f;
-    return;
-  }
-  __m512 e[kKeyVecs];
-  __m512 total = _mm512_setzero_ps();
-  for (int c = 0; c < kKeyVecs; ++c) {
-    e[c] = _mm512_maskz_mov_ps(valid[c], radixlm::exp16_nonpositive(
-                                                   _mm512_sub_ps(x[c], _mm512_set1_ps(new_max))));
-    total = _mm512_add_ps(total, e[c]);
-  }
-  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(old_max - new_max);
-  w.alpha[r] = alpha;
-  w.max[r] = new_max;
-  w.sum[r] = w.sum[r] * alpha + _mm512_reduce_add_ps(total);
-  for (int c = 0; c < kKeyVecs; c += 2) {
-    const __m512bh packed = _mm512_cvtne2ps_pbh(e[c + 1], e[c]);  // keys 16c .. 16c + 15, then the next 16
-    _mm512_storeu_si512(w.probs.data() + r * kKeys / 2 + 8 * c, reinterpret_cast<__m512i>(packed));
-  }
-}
-
-// out[r, d0 .. d0 + 16 kVecs) = alpha[r] * out[r, ...] + probs[r] . v[block] for kRows rows from r0.
-template <int kRows, int kVecs>
-RADIXLM_AVX512_BF16 void block_values(const Problem& p, Scratch& w, int64_t r0, int64_t d0, const uint32_t* vblock) {
-  const int64_t d = p.head_dim;
-  __m512 acc[kRows][kVecs];
-  for (int r = 0; r < kRows; ++r) {
-    const __m512 alpha = _mm512_set1_ps(w.alpha[r0 + r]);
-    for (int v = 0; v < kVecs; ++v) {
-      acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + (r0 + r) * d + d0 + 16 * v), alpha);
-    }
-  }
-  for (int64_t pair = 0; pair < kKeys / 2; ++pair) {
-    __m512bh values[kVecs];
-    for (int v = 0; v < kVecs; ++v) values[v] = as_bh(_mm512_loadu_si512(vblock + pair * d + d0 + 16 * v));
-    for (int r = 0; r < kRows; ++r) {
-      const __m512bh prob = as_bh(_mm512_set1_epi32(static_cast<int>(w.probs[(r0 + r) * kKeys / 2 + pair])));
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], prob, values[v]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(w.out.data() + (r0 + r) * d + d0 + 16 * v, acc[r][v]);
-  }
-}
-
-template <int kRows>
-RADIXLM_AVX512_BF16 void row_tile(const Problem& p, Scratch& w, int64_t r0, const uint32_t* vblock) {
-  for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
-    switch (std::min<int64_t>(4, (p.head_dim - d0) / 16)) {
-      case 4: block_values<kRows, 4>(p, w, r0, d0, vblock); break;
-      case 3: block_values<kRows, 3>(p, w, r0, d0, vblock); break;
-      case 2: block_values<kRows, 2>(p, w, r0, d0, vblock); break;
-      default: block_values<kRows, 1>(p, w, r0, d0, vblock); break;
-    }
-  }
-}
-
-// Query positions t0 .. t0 + positions_per_item - 1 of KV head h, with all its query heads: row r is position
-// t0 + r / rep of query head h * rep + r % rep.
-RADIXLM_AVX512_BF16 void attend_item(const Problem& p, Scratch& w, int64_t h, int64_t t0) {
-  const int64_t t1 = std::min(p.num_queries, t0 + p.positions_per_item), rows = (t1 - t0) * p.rep;
-  const int64_t offset = p.num_keys - p.num_queries, half = p.head_dim / 2;
+// Positions t0 .. t1 - 1 of chunk `s` with KV head h and all its query heads: row r is position t0 + r / rep of
+// query head h * rep + r % rep.
+RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch& w, int64_t h, int64_t t0,
+                                     int64_t t1) {
+  using namespace radixlm_prefill;
+  const int64_t rows = (t1 - t0) * p.rep, offset = s.num_keys - s.num_queries, half = p.head_dim / 2;
   for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(w.q.data() + r * half, p.q.at(t0 + r / p.rep, h * p.rep + r % p.rep), p.head_dim * 2);
+    std::memcpy(w.q.data() + r * half, p.q.at(s.first_row + t0 + r / p.rep, h * p.rep + r % p.rep), p.head_dim * 2);
   }
   std::fill_n(w.out.begin(), rows * p.head_dim, 0.f);
   std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
   std::fill_n(w.sum.begin(), rows, 0.f);
   const int64_t first = p.first_key(offset + t0) / kKeys, last = (offset + t1 - 1) / kKeys;
   for (int64_t b = first; b <= last; ++b) {
-    const uint32_t* kblock = p.kp + (h * p.num_blocks + b) * half * kKeys;
-    const uint32_t* vblock = p.vp + (h * p.num_blocks + b) * (kKeys / 2) * p.head_dim;
+    const uint32_t* kblock = p.key_block(s.groups[b], h);
+    const uint32_t* vblock = p.value_block(s.groups[b], h);
     int64_t r0 = 0;
     for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
     for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
@@ -213,10 +101,62 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, Scratch& w, int64_t h, in
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = 1.f / w.sum[r];
-    uint16_t* dst = p.out.at(t0 + r / p.rep, h * p.rep + r % p.rep);
+    uint16_t* dst = p.out.at(s.first_row + t0 + r / p.rep, h * p.rep + r % p.rep);
     for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
       const __m512 o = _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + r * p.head_dim + d0), _mm512_set1_ps(inverse));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d0), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(o)));
+    }
+  }
+}
+
+struct Item {
+  int64_t segment, head, t0, t1, cost;
+};
+
+// Every chunk's positions in runs of at most kMaxRows / rep (split evenly: 32 positions of 3 heads make two runs of
+// 16, not 21 and 11), for each KV head; the costliest (most rows times keys) first, so the short ones fill the end.
+std::vector<Item> plan_items(const Problem& p, const std::vector<Segment>& segments, int64_t* macs) {
+  std::vector<Item> items;
+  const int64_t most = std::max<int64_t>(1, kMaxRows / p.rep);
+  *macs = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(segments.size()); ++i) {
+    const Segment& s = segments[i];
+    const int64_t runs = (s.num_queries + most - 1) / most, length = (s.num_queries + runs - 1) / runs;
+    for (int64_t t0 = 0; t0 < s.num_queries; t0 += length) {
+      const int64_t t1 = std::min(s.num_queries, t0 + length);
+      const int64_t cost = (t1 - t0) * p.rep * (s.num_keys - s.num_queries + t1);
+      *macs += cost * p.num_kv_heads * p.head_dim;
+      for (int64_t h = 0; h < p.num_kv_heads; ++h) items.push_back({i, h, t0, t1, cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  return items;
+}
+
+// Packs the key blocks, then runs every item, both spread over the threads.
+void run(Problem p, const Packing& src, const std::vector<Segment>& segments) {
+  int64_t macs = 0;
+  const std::vector<Item> items = plan_items(p, segments, &macs);
+  const int64_t num_groups = src.num_groups();
+  p.num_groups = num_groups;
+  at::Tensor kp = at::empty({std::max<int64_t>(1, num_groups * p.num_kv_heads * kKeys * p.head_dim / 2)}, at::kInt);
+  at::Tensor vp = at::empty_like(kp);
+  p.kp = reinterpret_cast<uint32_t*>(kp.data_ptr<int32_t>());
+  p.vp = reinterpret_cast<uint32_t*>(vp.data_ptr<int32_t>());
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  const int num_threads = macs < kSerialMacs ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(),
+                                                                                       num_items));
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < num_groups * p.num_kv_heads; ++k) {
+      pack_block(p, src, k % num_groups, k / num_groups);
+    }
+    Scratch scratch(std::max(kMaxRows, p.rep) + 1, p.head_dim);  // + 1: its arrays off 4 KiB multiples
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t k = 0; k < num_items; ++k) {
+      const Item& item = items[k];
+      attend_item(p, segments[item.segment], scratch, item.head, item.t0, item.t1);
     }
   }
 }
@@ -233,6 +173,24 @@ Rows rows_of(const at::Tensor& t) {
   return {reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()), t.stride(0), t.stride(1)};
 }
 
+// The checks and the Problem both entries share; key and value are [L, Hkv, D] tensors or caches [slots, Hkv, D].
+Problem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
+                     double scale, int64_t sliding_window, double softcap) {
+  TORCH_CHECK(radixlm::prefill_attention_available(), "prefill attention needs a CPU with AVX-512 BF16");
+  const int64_t head_dim = query.size(-1);
+  for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}, {&out, "out"}}) {
+    check_rows(*t, name, head_dim);
+  }
+  TORCH_CHECK(head_dim % 16 == 0 && head_dim <= 512, "head size must be a multiple of 16 up to 512, got ", head_dim);
+  TORCH_CHECK(out.sizes() == query.sizes() && value.sizes() == key.sizes(), "out must match query, value key");
+  const int64_t num_kv_heads = key.size(1);
+  TORCH_CHECK(num_kv_heads > 0 && query.size(1) % num_kv_heads == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(std::isfinite(scale) && std::isfinite(softcap) && softcap >= 0 && sliding_window >= 0,
+              "scale and softcap must be finite, softcap and sliding_window not negative");
+  return {rows_of(query), rows_of(out), num_kv_heads, query.size(1) / num_kv_heads, head_dim, 0,
+          static_cast<float>(scale), static_cast<float>(softcap), sliding_window, nullptr, nullptr};
+}
+
 }  // namespace
 
 namespace radixlm {
@@ -241,45 +199,63 @@ bool prefill_attention_available() { return isa::cpu_has_avx512_bf16(); }
 
 void prefill_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
                        double scale, int64_t sliding_window, double softcap) {
-  TORCH_CHECK(prefill_attention_available(), "prefill_attention needs a CPU with AVX-512 BF16");
-  const int64_t head_dim = query.size(-1);
-  for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}, {&out, "out"}}) {
-    check_rows(*t, name, head_dim);
-  }
-  TORCH_CHECK(head_dim % 16 == 0 && head_dim <= 512, "head size must be a multiple of 16 up to 512, got ", head_dim);
-  TORCH_CHECK(out.sizes() == query.sizes() && value.sizes() == key.sizes(), "out must match query, value key");
-  const int64_t num_queries = query.size(0), num_keys = key.size(0), num_kv_heads = key.size(1);
-  TORCH_CHECK(num_kv_heads > 0 && query.size(1) % num_kv_heads == 0, "query heads must be a multiple of KV heads");
+  const Problem p = make_problem(query, key, value, out, scale, sliding_window, softcap);
+  const int64_t num_queries = query.size(0), num_keys = key.size(0);
   TORCH_CHECK(num_keys >= num_queries, "the context (", num_keys, " keys) must hold the chunk's ", num_queries,
               " queries");
-  TORCH_CHECK(std::isfinite(scale) && std::isfinite(softcap) && softcap >= 0 && sliding_window >= 0,
-              "scale and softcap must be finite, softcap and sliding_window not negative");
   if (num_queries == 0) return;
-  const int64_t rep = query.size(1) / num_kv_heads, num_blocks = (num_keys + kKeys - 1) / kKeys;
-  at::Tensor kp = at::empty({num_kv_heads * num_blocks * kKeys * head_dim / 2}, at::kInt);
-  at::Tensor vp = at::empty_like(kp);
-  Problem p{rows_of(query), rows_of(key), rows_of(value), rows_of(out), num_queries, num_keys, num_kv_heads, rep,
-            head_dim, num_blocks, std::max<int64_t>(1, kMaxRows / rep), static_cast<float>(scale),
-            static_cast<float>(softcap), sliding_window, reinterpret_cast<uint32_t*>(kp.data_ptr<int32_t>()),
-            reinterpret_cast<uint32_t*>(vp.data_ptr<int32_t>())};
-  const int64_t num_positions_blocks = (num_queries + p.positions_per_item - 1) / p.positions_per_item;
-  const int64_t num_items = num_kv_heads * num_positions_blocks;
-  const int64_t macs = num_queries * num_keys * query.size(1) * head_dim;
-  const int num_threads = macs < kSerialMacs ? 1 : static_cast<int>(std::min<int64_t>(at::get_num_threads(),
-                                                                                       num_items));
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
-  {
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < num_kv_heads * num_blocks; ++k) {
-      pack_block(p, const_cast<uint32_t*>(p.kp), const_cast<uint32_t*>(p.vp), k / num_blocks, k % num_blocks);
+  const int64_t num_blocks = (num_keys + kKeys - 1) / kKeys;
+  Packing src{rows_of(key), rows_of(value), std::vector<int64_t>(num_blocks * kKeys)};
+  for (int64_t j = 0; j < num_blocks * kKeys; ++j) src.slots[j] = j < num_keys ? j : -1;
+  std::vector<Segment> segments{{0, num_queries, num_keys, std::vector<int64_t>(num_blocks)}};
+  for (int64_t b = 0; b < num_blocks; ++b) segments[0].groups[b] = b;
+  run(p, src, segments);
+}
+
+void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             at::Tensor& out, const at::Tensor& block_table, const at::Tensor& segments,
+                             int64_t block_size, double scale, int64_t sliding_window, double softcap) {
+  const Problem p = make_problem(query, key_cache, value_cache, out, scale, sliding_window, softcap);
+  TORCH_CHECK(block_table.device().is_cpu() && block_table.scalar_type() == at::kInt && block_table.dim() == 1 &&
+                  block_table.is_contiguous(), "block_table must be a contiguous CPU int32 vector");
+  TORCH_CHECK(segments.device().is_cpu() && segments.scalar_type() == at::kLong && segments.dim() == 2 &&
+                  segments.size(1) == 4 && segments.is_contiguous(), "segments must be contiguous CPU int64 [n, 4]");
+  TORCH_CHECK(block_size > 0, "block_size must be positive");
+  const int64_t num_slots = key_cache.size(0), table_len = block_table.numel(), num_rows = query.size(0);
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int64_t* spec = segments.data_ptr<int64_t>();
+  Packing src{rows_of(key_cache), rows_of(value_cache), {}};
+  std::map<std::vector<int64_t>, int64_t> shared;  // a whole block's slots -> its packed block
+  std::vector<Segment> parts;
+  for (int64_t i = 0; i < segments.size(0); ++i) {
+    const int64_t first_row = spec[4 * i], num_queries = spec[4 * i + 1], num_keys = spec[4 * i + 2];
+    const int64_t offset = spec[4 * i + 3];
+    TORCH_CHECK(first_row >= 0 && num_queries >= 1 && first_row + num_queries <= num_rows && num_keys >= num_queries,
+                "segment ", i, ": rows ", first_row, " + ", num_queries, " of ", num_rows, ", context ", num_keys);
+    TORCH_CHECK(offset >= 0 && offset + (num_keys + block_size - 1) / block_size <= table_len, "segment ", i,
+                "'s blocks run past the block table");
+    Segment s{first_row, num_queries, num_keys, std::vector<int64_t>((num_keys + kKeys - 1) / kKeys)};
+    for (int64_t b = 0; b < static_cast<int64_t>(s.groups.size()); ++b) {
+      std::vector<int64_t> slots(kKeys, -1);
+      for (int64_t c = 0; c < kKeys && b * kKeys + c < num_keys; ++c) {
+        const int64_t j = b * kKeys + c, block = table[offset + j / block_size];
+        TORCH_CHECK(block >= 0 && (block + 1) * block_size <= num_slots, "segment ", i, ": block ", block,
+                    " is outside the cache");
+        slots[c] = block * block_size + j % block_size;
+      }
+      const bool whole = (b + 1) * kKeys <= num_keys;  // a part-filled block is its chunk's own (zeros after it)
+      const auto found = whole ? shared.find(slots) : shared.end();
+      if (found != shared.end()) {
+        s.groups[b] = found->second;
+        continue;
+      }
+      s.groups[b] = src.num_groups();
+      src.slots.insert(src.slots.end(), slots.begin(), slots.end());
+      if (whole) shared.emplace(std::move(slots), s.groups[b]);
     }
-    Scratch scratch(p.positions_per_item * rep, head_dim);
-    // Later positions see more keys: they go first, so that the short items fill the end.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < num_items; ++k) {
-      attend_item(p, scratch, k % num_kv_heads, (num_positions_blocks - 1 - k / num_kv_heads) * p.positions_per_item);
-    }
+    parts.push_back(std::move(s));
   }
+  if (!parts.empty()) run(p, src, parts);
 }
 
 }  // namespace radixlm

@@ -1,4 +1,4 @@
-// Causal attention for a prefill chunk in bfloat16 on AVX-512 BF16 (prefill_attention.cpp), for its dispatcher
+// Causal attention for prefill chunks in bfloat16 on AVX-512 BF16 (prefill_attention.cpp), for its dispatcher
 // registration in csrc/bindings.cpp. radixlm/model/attention/prefill_kernel.py chooses it and holds its reference
 // (PyTorch's SDPA).
 #pragma once
@@ -18,5 +18,14 @@ bool prefill_attention_available();
 // probabilities, rounded to bfloat16 for their product with V (as PyTorch's bfloat16 SDPA does).
 void prefill_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
                        double scale, int64_t sliding_window, double softcap);
+
+// prefill_attention for every prefill chunk of a step in one call, K/V read from a layer's paged caches
+// ([num_slots, Hkv, D] bfloat16, slot = block * block_size + offset). Chunk i is segments[i] = (first_row,
+// num_queries, context_len, table_offset): query and out rows first_row .. first_row + num_queries - 1 are the last
+// positions of a context of context_len keys whose blocks are block_table[table_offset:] (int32). The chunks' rows
+// must not overlap. Each row gets exactly the numbers prefill_attention gives it over its context's K/V.
+void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             at::Tensor& out, const at::Tensor& block_table, const at::Tensor& segments,
+                             int64_t block_size, double scale, int64_t sliding_window, double softcap);
 
 }  // namespace radixlm

@@ -97,6 +97,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("paged_decode_attention", _fake_same_shape),
     ("write_kv", _fake_no_result),
     ("prefill_attention", _fake_no_result),
+    ("prefill_attention_paged", _fake_no_result),
     ("small_batch_linear", _fake_linear),
     ("small_batch_int8_linear", _fake_linear),
     ("int8_normalize_rows", _fake_normalize_rows),

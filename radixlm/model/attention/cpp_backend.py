@@ -10,13 +10,14 @@ direct entry point instead (`decode_layer`), without the dispatcher, their queri
 
 Over bfloat16 or int8 caches the step splits (`PrefillSplit`): decode rows stay on the kernel, and each prefill
 chunk attends in bfloat16, through our AVX-512 BF16 prefill kernel on CPUs that have it without AMX
-(`prefill_kernel.py`), else through PyTorch's SDPA (its CPU flash attention, AMX-BF16 tiles where the CPU has them)
-as the torch backend does it. Either is several times faster per layer than the decode kernel on a long prompt
-(SDPA on a Xeon with AMX: 7.4 against 39.4 ms for 2,000 tokens, 9 query heads of 64). A float32 model's queries
-and new K/V are rounded to bfloat16 for it (the cache holds K/V at bfloat16 or below already): int8-weight models
-run float32 activations, and their prefill attention took half of a 2,000-token prefill on the decode kernel. There
-a prompt's numbers may depend on its chunking, as the cache's rounding already makes them differ from float32's;
-float32 caches keep the decode kernel for every row (exact).
+(`prefill_kernel.py`; over a bfloat16 cache all of a step's chunks in one paged call), else through PyTorch's SDPA
+(its CPU flash attention, AMX-BF16 tiles where the CPU has them) as the torch backend does it. Either is several
+times faster per layer than the decode kernel on a long prompt (SDPA on a Xeon with AMX: 7.4 against 39.4 ms for
+2,000 tokens, 9 query heads of 64). A float32 model's queries and new K/V are rounded to bfloat16 for it (the cache
+holds K/V at bfloat16 or below already): int8-weight models run float32 activations, and their prefill attention
+took half of a 2,000-token prefill on the decode kernel. There a prompt's numbers may depend on its chunking, as the
+cache's rounding already makes them differ from float32's; float32 caches keep the decode kernel for every row
+(exact).
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ import torch
 
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.kv_write import KERNEL_ROW_DTYPES, kernel_takes_rows, write_kv
-from radixlm.model.attention.prefill_kernel import attend_prefill_chunk
+from radixlm.model.attention.prefill_kernel import (
+    PagedPrefill,
+    attend_prefill_chunk,
+    attend_prefill_paged,
+    prefill_kernel_available,
+)
 from radixlm.model.attention.torch_backend import PrefillSegment, reads_cache
 from radixlm.model.device import to_device
 from radixlm.model.kv_cache import LayerCache, PagedKVCache
@@ -76,11 +82,12 @@ class DecodeTables:
 class PrefillSplit:
     """A forward's two parts over a bfloat16 or int8 cache: the rows that attend as decodes (`decode_rows` of the
     packed batch, with their own tables; None when there are none) and the prefill chunks, which attend through
-    SDPA."""
+    the prefill kernel (in one paged call when `paged` is set) or SDPA."""
 
     decode_rows: torch.Tensor | None
     decode_tables: DecodeTables | None
     prefills: list[PrefillSegment]
+    paged: PagedPrefill | None = None  # the prefills for the paged kernel (a bfloat16 cache on a CPU it runs on)
 
 
 @dataclass
@@ -150,20 +157,25 @@ def _split(chunks: Sequence[ChunkRows], kv_cache: PagedKVCache) -> PrefillSplit:
     lens: list[int] = []
     tables: list[list[int]] = []
     prefills: list[PrefillSegment] = []
+    prefill_chunks: list[ChunkRows] = []
     for chunk in chunks:
         if chunk.num_tokens == chunk.num_sampled:  # a decode, or one verifying drafts: a row per position
             rows.extend(range(chunk.first_row, chunk.first_row + chunk.num_tokens))
             lens.extend(range(chunk.start_position + 1, chunk.context_len + 1))
             tables.extend([chunk.block_table] * chunk.num_tokens)
             continue
+        prefill_chunks.append(chunk)
         context = chunk.context_slots
         context = context if isinstance(context, slice) else to_device(context, kv_cache.device)
         prefills.append(PrefillSegment(start=chunk.first_row, num_queries=chunk.num_tokens,
                                        context_slots=context if reads_cache(chunk, kv_cache) else None,
                                        context_len=chunk.context_len, device=kv_cache.device))
+    paged = None
+    if kv_cache.dtype == torch.bfloat16 and kv_cache.device.type == "cpu" and prefill_kernel_available():
+        paged = PagedPrefill.build(prefill_chunks, kv_cache.block_size)
     if not rows:
-        return PrefillSplit(None, None, prefills)
-    return PrefillSplit(torch.tensor(rows), DecodeTables.build(tables, lens, kv_cache.block_size), prefills)
+        return PrefillSplit(None, None, prefills, paged)
+    return PrefillSplit(torch.tensor(rows), DecodeTables.build(tables, lens, kv_cache.block_size), prefills, paged)
 
 
 def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, caches: LayerCache,
@@ -183,6 +195,9 @@ def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                                                            softcap)
     if split.prefills and queries.dtype != torch.bfloat16:
         queries, new_keys, new_values = (t.to(torch.bfloat16) for t in (queries, new_keys, new_values))
+    if split.paged is not None and attend_prefill_paged(queries, caches, split.paged, split.prefills, output, scale,
+                                                        sliding_window, softcap):
+        return output[None]
     for segment in split.prefills:
         attend_prefill_chunk(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
     return output[None]

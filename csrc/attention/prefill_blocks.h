@@ -1,0 +1,165 @@
+// The block steps of the AVX-512 BF16 prefill attention (prefill_attention.cpp): one block of 64 keys against a
+// work item's query rows, flash-attention style (scores, online softmax, probabilities times values), with the
+// layouts the keys and values are packed in (see the .cpp file's header comment).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "../exp_nonpositive.h"
+#include "../isa.h"
+
+namespace radixlm_prefill {
+
+constexpr int64_t kKeys = 64;         // keys per block
+constexpr int kKeyVecs = kKeys / 16;  // 16-lane score vectors per row and block
+constexpr int64_t kMaxRows = 64;      // query rows per work item (positions x the query heads of one KV head)
+
+struct Rows {  // a [n, heads, D] bfloat16 tensor's data and its first two strides (elements)
+  uint16_t* data;
+  int64_t s0, s1;
+  uint16_t* at(int64_t i, int64_t h) const { return data + i * s0 + h * s1; }
+};
+
+// What every work item of a call shares: the step's query and output rows, the head layout, the softmax's
+// parameters, and the packed key/value blocks (block g of KV head h at index h * num_groups + g: a head's blocks
+// in a row, as an item walks them).
+struct Problem {
+  Rows q, out;
+  int64_t num_kv_heads, rep, head_dim, num_groups;
+  float scale, softcap;
+  int64_t window;  // 0: every earlier key
+  const uint32_t* kp;
+  const uint32_t* vp;
+  int64_t first_key(int64_t position) const { return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0; }
+  const uint32_t* key_block(int64_t g, int64_t h) const { return kp + (h * num_groups + g) * head_dim / 2 * kKeys; }
+  const uint32_t* value_block(int64_t g, int64_t h) const {
+    return vp + (h * num_groups + g) * (kKeys / 2) * head_dim;
+  }
+};
+
+struct Scratch {  // one thread's, for one item at a time
+  std::vector<uint32_t> q, probs;
+  std::vector<float> scores, out, max, sum, alpha;
+  explicit Scratch(int64_t rows, int64_t head_dim)
+      : q(rows * head_dim / 2), probs(rows * kKeys / 2), scores(rows * kKeys), out(rows * head_dim), max(rows),
+        sum(rows), alpha(rows) {}
+};
+
+// Internal linkage: with it GCC inlines these steps into the item loop as it did when they lived in the .cpp file
+// (as plain inline functions the 2,000-token kernel ran 13% slower). Include this header from one file only.
+namespace {
+
+inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+
+// scores[r, 0 .. kKeys) = q[r] . k[block's keys] for kRows rows from `r0`.
+template <int kRows>
+RADIXLM_AVX512_BF16 inline void block_scores(const Problem& p, Scratch& w, int64_t r0, const uint32_t* kblock) {
+  const int64_t half = p.head_dim / 2;
+  __m512 acc[kRows][kKeyVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  const uint32_t* q = w.q.data() + r0 * half;
+  for (int64_t i = 0; i < half; ++i) {
+    __m512bh keys[kKeyVecs];
+    for (int c = 0; c < kKeyVecs; ++c) keys[c] = as_bh(_mm512_loadu_si512(kblock + i * kKeys + 16 * c));
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh qq = as_bh(_mm512_set1_epi32(static_cast<int>(q[r * half + i])));
+      for (int c = 0; c < kKeyVecs; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qq, keys[c]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kKeyVecs; ++c) _mm512_storeu_ps(w.scores.data() + (r0 + r) * kKeys + 16 * c, acc[r][c]);
+  }
+}
+
+// Row r's online softmax step over block b: its probabilities (bfloat16 pairs), running max and sum, and the factor
+// its output so far is scaled by.
+RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int64_t r, int64_t position, int64_t b) {
+  float* s = w.scores.data() + r * kKeys;
+  if (p.softcap > 0.f) {
+    for (int64_t c = 0; c < kKeys; ++c) s[c] = std::tanh(s[c] * p.scale / p.softcap) * p.softcap;
+  }
+  const float scale = p.softcap > 0.f ? 1.f : p.scale;
+  const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(b * kKeys)),
+                                        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i lo = _mm512_set1_epi32(static_cast<int>(p.first_key(position)));
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(position));
+  __m512 x[kKeyVecs];
+  __mmask16 valid[kKeyVecs];
+  float block_max = -std::numeric_limits<float>::infinity();
+  for (int c = 0; c < kKeyVecs; ++c) {
+    const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
+    valid[c] = _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
+    x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), _mm512_set1_ps(scale));
+    const __m512 shown = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), valid[c],
+                                            x[c]);
+    block_max = std::max(block_max, _mm512_reduce_max_ps(shown));
+  }
+  const float old_max = w.max[r], new_max = std::max(old_max, block_max);
+  if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing seen yet: no probability, nothing to scale
+    std::memset(w.probs.data() + r * kKeys / 2, 0, kKeys * 2);
+    w.alpha[r] = 1.f;
+    return;
+  }
+  __m512 e[kKeyVecs];
+  __m512 total = _mm512_setzero_ps();
+  for (int c = 0; c < kKeyVecs; ++c) {
+    e[c] = _mm512_maskz_mov_ps(valid[c], radixlm::exp16_nonpositive(
+                                                   _mm512_sub_ps(x[c], _mm512_set1_ps(new_max))));
+    total = _mm512_add_ps(total, e[c]);
+  }
+  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(old_max - new_max);
+  w.alpha[r] = alpha;
+  w.max[r] = new_max;
+  w.sum[r] = w.sum[r] * alpha + _mm512_reduce_add_ps(total);
+  for (int c = 0; c < kKeyVecs; c += 2) {
+    const __m512bh packed = _mm512_cvtne2ps_pbh(e[c + 1], e[c]);  // keys 16c .. 16c + 15, then the next 16
+    _mm512_storeu_si512(w.probs.data() + r * kKeys / 2 + 8 * c, reinterpret_cast<__m512i>(packed));
+  }
+}
+
+// out[r, d0 .. d0 + 16 kVecs) = alpha[r] * out[r, ...] + probs[r] . v[block] for kRows rows from r0.
+template <int kRows, int kVecs>
+RADIXLM_AVX512_BF16 inline void block_values(const Problem& p, Scratch& w, int64_t r0, int64_t d0, const uint32_t* vblock) {
+  const int64_t d = p.head_dim;
+  __m512 acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 alpha = _mm512_set1_ps(w.alpha[r0 + r]);
+    for (int v = 0; v < kVecs; ++v) {
+      acc[r][v] = _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + (r0 + r) * d + d0 + 16 * v), alpha);
+    }
+  }
+  for (int64_t pair = 0; pair < kKeys / 2; ++pair) {
+    __m512bh values[kVecs];
+    for (int v = 0; v < kVecs; ++v) values[v] = as_bh(_mm512_loadu_si512(vblock + pair * d + d0 + 16 * v));
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh prob = as_bh(_mm512_set1_epi32(static_cast<int>(w.probs[(r0 + r) * kKeys / 2 + pair])));
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], prob, values[v]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(w.out.data() + (r0 + r) * d + d0 + 16 * v, acc[r][v]);
+  }
+}
+
+template <int kRows>
+RADIXLM_AVX512_BF16 inline void row_tile(const Problem& p, Scratch& w, int64_t r0, const uint32_t* vblock) {
+  for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
+    switch (std::min<int64_t>(4, (p.head_dim - d0) / 16)) {
+      case 4: block_values<kRows, 4>(p, w, r0, d0, vblock); break;
+      case 3: block_values<kRows, 3>(p, w, r0, d0, vblock); break;
+      case 2: block_values<kRows, 2>(p, w, r0, d0, vblock); break;
+      default: block_values<kRows, 1>(p, w, r0, d0, vblock); break;
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace radixlm_prefill
