@@ -43,9 +43,17 @@ struct Problem {
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // sums[m, 0..31] (+)= x[m0 + m, k0 .. k0 + 2 pairs) . block's weights, for kRows rows.
+// The tile after a chunk's first streams the weights that come next toward L2 (`ahead`: pairs `phase`, `phase +
+// phases`, ... of them; null: none): otherwise the first tile waits on memory and the others on nothing, and
+// the two cores' reads of a decode step's weights do not overlap their arithmetic.
+struct Ahead {
+  const uint32_t* next;
+  int64_t phase, phases;
+};
+
 template <int kRows>
 RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m0, int64_t k0, int64_t pairs,
-                              float* sums, bool accumulate, bool prefetch) {
+                              float* sums, bool accumulate, bool prefetch, Ahead ahead) {
   __m512 acc[kRows][2];
   for (int m = 0; m < kRows; ++m) {
     acc[m][0] = accumulate ? _mm512_loadu_ps(sums + m * kBlockN) : _mm512_setzero_ps();
@@ -59,6 +67,9 @@ RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m
     if (prefetch) {  // the first tile of a chunk reads it from memory: ask for the lines kPrefetchPairs ahead
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kPrefetchPairs) * kBlockN), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + kPrefetchPairs) * kBlockN + 16), _MM_HINT_T0);
+    } else if (ahead.next != nullptr && i % ahead.phases == ahead.phase) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead.next + i * kBlockN), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(ahead.next + i * kBlockN + 16), _MM_HINT_T1);
     }
     for (int m = 0; m < kRows; ++m) {
       uint32_t pair;
@@ -76,35 +87,39 @@ RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m
 
 // Rows m0 .. m0 + count (count 1 .. kTileRows) as one register tile.
 RADIXLM_AVX512_BF16 void row_tile(const Problem& p, const uint32_t* block, int64_t m0, int64_t count, int64_t k0,
-                                  int64_t pairs, float* sums, bool accumulate) {
+                                  int64_t pairs, float* sums, bool accumulate, Ahead ahead) {
   float* s = sums + m0 * kBlockN;
   const bool prefetch = m0 == 0;
   switch (count) {
-    case 12: tile<12>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 11: tile<11>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 10: tile<10>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 9: tile<9>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 8: tile<8>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 7: tile<7>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 6: tile<6>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 5: tile<5>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 4: tile<4>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 3: tile<3>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    case 2: tile<2>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
-    default: tile<1>(p, block, m0, k0, pairs, s, accumulate, prefetch); break;
+    case 12: tile<12>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 11: tile<11>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 10: tile<10>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 9: tile<9>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 8: tile<8>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 7: tile<7>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 6: tile<6>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 5: tile<5>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 4: tile<4>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 3: tile<3>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    case 2: tile<2>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
+    default: tile<1>(p, block, m0, k0, pairs, s, accumulate, prefetch, ahead); break;
   }
 }
 
-// Output features b * 32 .. of every row.
-RADIXLM_AVX512_BF16 void block_columns(const Problem& p, int64_t b, std::vector<float>& sums) {
+// Output features b * 32 .. of every row; `last` is the thread's last block (what comes after it is not its own).
+RADIXLM_AVX512_BF16 void block_columns(const Problem& p, int64_t b, int64_t last, std::vector<float>& sums) {
   const uint32_t* block = p.w + b * (p.k_dim / 2) * kBlockN;
   for (int64_t k0 = 0; k0 < p.k_dim; k0 += kChunkK) {
     const int64_t pairs = std::min(kChunkK, p.k_dim - k0) / 2;
+    // The next chunk's weights: this block's, else the next block's first (they follow in memory).
+    const bool more = k0 + kChunkK < p.k_dim || b < last;
+    const uint32_t* next = more ? block + (k0 + kChunkK) / 2 * kBlockN : nullptr;
     // Rows in tiles of nearly equal size (16 rows: 8 + 8, not 12 + 4), each as many accumulators as it can.
     const int64_t num_tiles = (p.rows + kTileRows - 1) / kTileRows;
     for (int64_t t = 0, m0 = 0; t < num_tiles; ++t) {
       const int64_t count = p.rows / num_tiles + (t < p.rows % num_tiles ? 1 : 0);
-      row_tile(p, block, m0, count, k0, pairs, sums.data(), k0 > 0);
+      const Ahead ahead{t > 0 ? next : nullptr, std::max<int64_t>(0, t - 1), std::max<int64_t>(1, num_tiles - 1)};
+      row_tile(p, block, m0, count, k0, pairs, sums.data(), k0 > 0, ahead);
       m0 += count;
     }
   }
@@ -164,7 +179,7 @@ at::Tensor bf16_packed_linear(const at::Tensor& input, const at::Tensor& packed,
   const int64_t grain = std::max<int64_t>(1, grain_rows(k_dim * 2) / kBlockN / std::max<int64_t>(1, rows / 4));
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(rows * kBlockN);
-    for (int64_t b = begin; b < end; ++b) block_columns(p, b, sums);
+    for (int64_t b = begin; b < end; ++b) block_columns(p, b, end - 1, sums);
   });
   return out;
 }
