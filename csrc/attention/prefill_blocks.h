@@ -86,21 +86,23 @@ RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int6
     for (int64_t c = 0; c < kKeys; ++c) s[c] = std::tanh(s[c] * p.scale / p.softcap) * p.softcap;
   }
   const float scale = p.softcap > 0.f ? 1.f : p.scale;
+  const int64_t first_key = p.first_key(position);
+  // A block the row sees whole (most of a long prompt's) needs no mask.
+  const bool whole = b * kKeys >= first_key && b * kKeys + kKeys - 1 <= position;
   const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(b * kKeys)),
                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i lo = _mm512_set1_epi32(static_cast<int>(p.first_key(position)));
+  const __m512i lo = _mm512_set1_epi32(static_cast<int>(first_key));
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(position));
   __m512 x[kKeyVecs];
   __mmask16 valid[kKeyVecs];
-  float block_max = -std::numeric_limits<float>::infinity();
+  __m512 shown_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int c = 0; c < kKeyVecs; ++c) {
     const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
-    valid[c] = _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
+    valid[c] = whole ? __mmask16{0xFFFF} : _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
     x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), _mm512_set1_ps(scale));
-    const __m512 shown = _mm512_mask_mov_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), valid[c],
-                                            x[c]);
-    block_max = std::max(block_max, _mm512_reduce_max_ps(shown));
+    shown_max = _mm512_mask_max_ps(shown_max, valid[c], shown_max, x[c]);
   }
+  const float block_max = _mm512_reduce_max_ps(shown_max);  // one horizontal reduction a row, not one a vector
   const float old_max = w.max[r], new_max = std::max(old_max, block_max);
   if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing seen yet: no probability, nothing to scale
     std::memset(w.probs.data() + r * kKeys / 2, 0, kKeys * 2);
@@ -114,7 +116,10 @@ RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int6
                                                    _mm512_sub_ps(x[c], _mm512_set1_ps(new_max))));
     total = _mm512_add_ps(total, e[c]);
   }
-  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 0.f : std::exp(old_max - new_max);
+  // Once the running max settles (most blocks of a long row) the factor is exp(0) = 1: no call.
+  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 0.f
+                      : old_max == new_max                               ? 1.f
+                                                                         : std::exp(old_max - new_max);
   w.alpha[r] = alpha;
   w.max[r] = new_max;
   w.sum[r] = w.sum[r] * alpha + _mm512_reduce_add_ps(total);

@@ -81,9 +81,11 @@ def peer_server(script: str, port: int, model: str | None = None, timeout: float
 
 def measure(base_url: str, cases: list[Case], tokenizer: object, seed: int, lengths: tuple[str, str | None]
             ) -> dict[Case, dict[str, float]]:
+    """Each case on the server at `base_url`, in order. Case i draws its prompts from seed + i: every server gets the
+    same prompts for a case, and no case repeats an earlier one's (which a prefix cache would serve from memory)."""
     results = {}
-    for case in cases:
-        options = BenchOptions([case.workload], case.spec(seed, *lengths), max_concurrency=case.concurrency)
+    for index, case in enumerate(cases):
+        options = BenchOptions([case.workload], case.spec(seed + index, *lengths), max_concurrency=case.concurrency)
         summary = asyncio.run(run_all(base_url, options, tokenizer))[0].summary()
         results[case] = summary
         print(f"  {case.name}: {summary['output_tok_per_s']:.1f} out tok/s, ITL p50 {summary['itl_p50'] * 1000:.0f} "

@@ -45,3 +45,25 @@ def test_the_peer_column_takes_the_peer_name(capsys) -> None:
     assert "2.00x" in out and "llama-server" not in out
     print_table(columns, [case])  # no peer: both as radixlm columns, the second against the first
     assert "/ vllm" in capsys.readouterr().out
+
+
+def test_each_case_draws_its_own_prompts(monkeypatch) -> None:
+    """Case i uses seed + i: a later case never repeats an earlier one's prompts on the same server (a prefix cache
+    would serve them from memory), and every server gets the same prompts for a case."""
+    from radixlm.bench import peers
+
+    seeds = []
+
+    class Result:
+        def summary(self) -> dict[str, float]:
+            return {"output_tok_per_s": 1.0, "itl_p50": 0.0, "ttft_p50": 0.0, "failed": 0}
+
+    async def fake_run_all(base_url, options, tokenizer):
+        seeds.append(options.spec.seed)
+        return [Result()]
+
+    monkeypatch.setattr(peers, "run_all", fake_run_all)
+    cases = [Case("random", 1, 8), Case("random", 16, 32), Case("shared-prefix", 32, 32)]
+    peers.measure("http://x", cases, None, 7, ("64-256", None))
+    peers.measure("http://y", cases, None, 7, ("64-256", None))
+    assert seeds == [7, 8, 9, 7, 8, 9]
