@@ -161,6 +161,35 @@ void run(Problem p, const Packing& src, const std::vector<Segment>& segments) {
   }
 }
 
+// A whole 64-key block by the cache blocks that hold it: their ids, after its first key's offset in the first.
+using SharedBlocks = std::map<std::vector<int64_t>, int64_t>;  // -> its packed block
+
+// Chunk `spec` (first row, rows, context, offset of its blocks in `table`, all checked) with its key blocks added to
+// `src`: a whole block that an earlier chunk's whole block already packed (the same cache blocks: a shared prefix)
+// is reused; a part-filled last block is always the chunk's own (zeros past its context).
+Segment plan_segment(const int64_t* spec, const int32_t* table, int64_t block_size, Packing& src,
+                     SharedBlocks& shared) {
+  const int64_t num_keys = spec[2], offset = spec[3];
+  Segment s{spec[0], spec[1], num_keys, std::vector<int64_t>((num_keys + kKeys - 1) / kKeys)};
+  for (int64_t b = 0; b < static_cast<int64_t>(s.groups.size()); ++b) {
+    const int64_t j0 = b * kKeys, j1 = std::min(num_keys, j0 + kKeys);  // its keys j0 .. j1 - 1
+    const bool whole = j1 - j0 == kKeys;
+    std::vector<int64_t> key{j0 % block_size};
+    for (int64_t t = j0 / block_size; t <= (j1 - 1) / block_size; ++t) key.push_back(table[offset + t]);
+    const auto found = whole ? shared.find(key) : shared.end();
+    if (found != shared.end()) {
+      s.groups[b] = found->second;
+      continue;
+    }
+    s.groups[b] = src.num_groups();
+    for (int64_t j = j0; j < j0 + kKeys; ++j) {
+      src.slots.push_back(j < j1 ? table[offset + j / block_size] * block_size + j % block_size : -1);
+    }
+    if (whole) shared.emplace(std::move(key), s.groups[b]);
+  }
+  return s;
+}
+
 void check_rows(const at::Tensor& t, const char* name, int64_t head_dim) {
   TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided && t.has_storage(), name,
               " must be a dense CPU tensor");
@@ -225,35 +254,20 @@ void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cach
   const int32_t* table = block_table.data_ptr<int32_t>();
   const int64_t* spec = segments.data_ptr<int64_t>();
   Packing src{rows_of(key_cache), rows_of(value_cache), {}};
-  std::map<std::vector<int64_t>, int64_t> shared;  // a whole block's slots -> its packed block
+  SharedBlocks shared;
   std::vector<Segment> parts;
   for (int64_t i = 0; i < segments.size(0); ++i) {
-    const int64_t first_row = spec[4 * i], num_queries = spec[4 * i + 1], num_keys = spec[4 * i + 2];
-    const int64_t offset = spec[4 * i + 3];
+    const int64_t* chunk = spec + 4 * i;
+    const int64_t first_row = chunk[0], num_queries = chunk[1], num_keys = chunk[2], offset = chunk[3];
     TORCH_CHECK(first_row >= 0 && num_queries >= 1 && first_row + num_queries <= num_rows && num_keys >= num_queries,
                 "segment ", i, ": rows ", first_row, " + ", num_queries, " of ", num_rows, ", context ", num_keys);
-    TORCH_CHECK(offset >= 0 && offset + (num_keys + block_size - 1) / block_size <= table_len, "segment ", i,
-                "'s blocks run past the block table");
-    Segment s{first_row, num_queries, num_keys, std::vector<int64_t>((num_keys + kKeys - 1) / kKeys)};
-    for (int64_t b = 0; b < static_cast<int64_t>(s.groups.size()); ++b) {
-      std::vector<int64_t> slots(kKeys, -1);
-      for (int64_t c = 0; c < kKeys && b * kKeys + c < num_keys; ++c) {
-        const int64_t j = b * kKeys + c, block = table[offset + j / block_size];
-        TORCH_CHECK(block >= 0 && (block + 1) * block_size <= num_slots, "segment ", i, ": block ", block,
-                    " is outside the cache");
-        slots[c] = block * block_size + j % block_size;
-      }
-      const bool whole = (b + 1) * kKeys <= num_keys;  // a part-filled block is its chunk's own (zeros after it)
-      const auto found = whole ? shared.find(slots) : shared.end();
-      if (found != shared.end()) {
-        s.groups[b] = found->second;
-        continue;
-      }
-      s.groups[b] = src.num_groups();
-      src.slots.insert(src.slots.end(), slots.begin(), slots.end());
-      if (whole) shared.emplace(std::move(slots), s.groups[b]);
+    const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
+    TORCH_CHECK(offset >= 0 && offset + num_blocks <= table_len, "segment ", i, "'s blocks run past the block table");
+    for (int64_t t = offset; t < offset + num_blocks; ++t) {
+      TORCH_CHECK(table[t] >= 0 && (table[t] + int64_t{1}) * block_size <= num_slots, "segment ", i, ": block ",
+                  table[t], " is outside the cache");
     }
-    parts.push_back(std::move(s));
+    parts.push_back(plan_segment(chunk, table, block_size, src, shared));
   }
   if (!parts.empty()) run(p, src, parts);
 }

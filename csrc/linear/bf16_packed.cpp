@@ -42,8 +42,7 @@ struct Problem {
 
 inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
-// sums[m, 0..31] (+)= x[m0 + m, k0 .. k0 + 2 pairs) . block's weights, for kRows rows.
-// The tile after a chunk's first streams the weights that come next toward L2 (`ahead`: pairs `phase`, `phase +
+// The tiles after a chunk's first stream the weights that come next toward L2 (`next`: pairs `phase`, `phase +
 // phases`, ... of them; null: none): otherwise the first tile waits on memory and the others on nothing, and
 // the two cores' reads of a decode step's weights do not overlap their arithmetic.
 struct Ahead {
@@ -51,6 +50,7 @@ struct Ahead {
   int64_t phase, phases;
 };
 
+// sums[m, 0..31] (+)= x[m0 + m, k0 .. k0 + 2 pairs) . block's weights, for kRows rows.
 template <int kRows>
 RADIXLM_AVX512_BF16 void tile(const Problem& p, const uint32_t* block, int64_t m0, int64_t k0, int64_t pairs,
                               float* sums, bool accumulate, bool prefetch, Ahead ahead) {

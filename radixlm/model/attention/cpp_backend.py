@@ -193,11 +193,11 @@ def _forward_split(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         rows = queries.transpose(0, 1).index_select(0, split.decode_rows)
         output[split.decode_rows] = paged_decode_attention(rows, caches, split.decode_tables, scale, sliding_window,
                                                            softcap)
+    if split.paged is not None and attend_prefill_paged(queries, caches, split.paged, output, scale, sliding_window,
+                                                        softcap):
+        return output[None]  # the paged call reads the new K/V back from the cache, written above
     if split.prefills and queries.dtype != torch.bfloat16:
         queries, new_keys, new_values = (t.to(torch.bfloat16) for t in (queries, new_keys, new_values))
-    if split.paged is not None and attend_prefill_paged(queries, caches, split.paged, split.prefills, output, scale,
-                                                        sliding_window, softcap):
-        return output[None]
     for segment in split.prefills:
         attend_prefill_chunk(queries, new_keys, new_values, caches, segment, output, scale, sliding_window, softcap)
     return output[None]

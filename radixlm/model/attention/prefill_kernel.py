@@ -66,33 +66,35 @@ class PagedPrefill:
     block_table: torch.Tensor  # int32, the chunks' tables one after another
     segments: torch.Tensor  # int64 [n, 4]
     block_size: int
+    rows: torch.Tensor  # int64: every chunk's rows of the step (a float32 model's output takes them back)
 
     @classmethod
     def build(cls, chunks: Sequence[ChunkRows], block_size: int) -> PagedPrefill:
         """The prefill chunks' tables, each cut to the blocks of its context."""
         flat: list[int] = []
         segments: list[list[int]] = []
+        rows: list[int] = []
         for chunk in chunks:
             segments.append([chunk.first_row, chunk.num_tokens, chunk.context_len, len(flat)])
             flat.extend(chunk.block_table[:-(-chunk.context_len // block_size)])
-        return cls(torch.tensor(flat, dtype=torch.int32), torch.tensor(segments, dtype=torch.int64), block_size)
+            rows.extend(range(chunk.first_row, chunk.first_row + chunk.num_tokens))
+        return cls(torch.tensor(flat, dtype=torch.int32), torch.tensor(segments, dtype=torch.int64), block_size,
+                   torch.tensor(rows, dtype=torch.int64))
 
 
-def attend_prefill_paged(queries: torch.Tensor, caches: LayerCache, paged: PagedPrefill,
-                         segments: Sequence[PrefillSegment], output: torch.Tensor, scale: float,
-                         sliding_window: int | None, softcap: float | None) -> bool:
+def attend_prefill_paged(queries: torch.Tensor, caches: LayerCache, paged: PagedPrefill, output: torch.Tensor,
+                         scale: float, sliding_window: int | None, softcap: float | None) -> bool:
     """Every prefill chunk in one kernel call over a bfloat16 cache that already holds the step's K/V: queries
-    `[Hq, T, D]` bfloat16, `segments` the same chunks as `paged` (their rows of `output` `[T, Hq, D]` written).
-    False, doing nothing, when the kernel does not take these shapes (the caller goes chunk by chunk)."""
+    `[Hq, T, D]` (rounded to bfloat16 here), the chunks' rows of `output` `[T, Hq, D]` written. False, doing
+    nothing, when the kernel does not take these shapes (the caller goes chunk by chunk)."""
     head_dim = queries.shape[-1]
-    if (queries.dtype != torch.bfloat16 or caches.keys.dtype != torch.bfloat16 or head_dim % 16
-            or head_dim > _MAX_HEAD_DIM):
+    if caches.keys.dtype != torch.bfloat16 or head_dim % 16 or head_dim > _MAX_HEAD_DIM:
         return False
+    queries = queries.to(torch.bfloat16)
     target = output if output.dtype == torch.bfloat16 else torch.empty_like(output, dtype=torch.bfloat16)
     torch.ops.radixlm.prefill_attention_paged(queries.transpose(0, 1), caches.keys, caches.values, target,
                                               paged.block_table, paged.segments, paged.block_size, scale,
                                               sliding_window or 0, softcap or 0.0)
     if target is not output:
-        for segment in segments:
-            output[segment.rows] = target[segment.rows]
+        output.index_copy_(0, paged.rows, target.index_select(0, paged.rows).to(output.dtype))
     return True
