@@ -249,7 +249,7 @@ void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cach
                   block_table.is_contiguous(), "block_table must be a contiguous CPU int32 vector");
   TORCH_CHECK(segments.device().is_cpu() && segments.scalar_type() == at::kLong && segments.dim() == 2 &&
                   segments.size(1) == 4 && segments.is_contiguous(), "segments must be contiguous CPU int64 [n, 4]");
-  TORCH_CHECK(block_size > 0, "block_size must be positive");
+  TORCH_CHECK(block_size > 0 && block_size <= key_cache.size(0), "block_size must be in [1, cache slots]");
   const int64_t num_slots = key_cache.size(0), table_len = block_table.numel(), num_rows = query.size(0);
   const int32_t* table = block_table.data_ptr<int32_t>();
   const int64_t* spec = segments.data_ptr<int64_t>();
@@ -259,10 +259,13 @@ void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cach
   for (int64_t i = 0; i < segments.size(0); ++i) {
     const int64_t* chunk = spec + 4 * i;
     const int64_t first_row = chunk[0], num_queries = chunk[1], num_keys = chunk[2], offset = chunk[3];
-    TORCH_CHECK(first_row >= 0 && num_queries >= 1 && first_row + num_queries <= num_rows && num_keys >= num_queries,
-                "segment ", i, ": rows ", first_row, " + ", num_queries, " of ", num_rows, ", context ", num_keys);
-    const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
-    TORCH_CHECK(offset >= 0 && offset + num_blocks <= table_len, "segment ", i, "'s blocks run past the block table");
+    // Written so that no sum can overflow, whatever the values.
+    TORCH_CHECK(first_row >= 0 && first_row < num_rows && num_queries >= 1 && num_queries <= num_rows - first_row &&
+                    num_keys >= num_queries, "segment ", i, ": rows ", first_row, " + ", num_queries, " of ",
+                num_rows, ", context ", num_keys);
+    const int64_t num_blocks = num_keys / block_size + (num_keys % block_size != 0);
+    TORCH_CHECK(offset >= 0 && offset <= table_len && num_blocks <= table_len - offset, "segment ", i,
+                "'s blocks run past the block table");
     for (int64_t t = offset; t < offset + num_blocks; ++t) {
       TORCH_CHECK(table[t] >= 0 && (table[t] + int64_t{1}) * block_size <= num_slots, "segment ", i, ": block ",
                   table[t], " is outside the cache");

@@ -91,14 +91,15 @@ def test_heads_major_query_view() -> None:
 
 
 @pytest.mark.parametrize("bad", ["block outside cache", "negative block", "table too short", "rows past queries",
-                                 "short context", "segments shape", "table dtype", "block size"])
+                                 "short context", "segments shape", "table dtype", "block size", "huge rows",
+                                 "huge context", "huge offset", "huge block size", "nan scale"])
 def test_bad_tables_are_errors(bad: str) -> None:
     keys, values = make_cache(0)
     queries = torch.zeros(8, HQ, D, dtype=torch.bfloat16)
     out = torch.empty_like(queries)
     table = torch.tensor([0, 1], dtype=torch.int32)
     segments = torch.tensor([[0, 8, 20, 0]])
-    block_size = 16
+    block_size, scale = 16, 0.2
     if bad == "block outside cache":
         table = torch.tensor([0, NUM_SLOTS // 16], dtype=torch.int32)
     elif bad == "negative block":
@@ -113,8 +114,18 @@ def test_bad_tables_are_errors(bad: str) -> None:
         segments = torch.tensor([[0, 8, 20]])
     elif bad == "table dtype":
         table = table.long()
+    elif bad == "huge rows":  # first row + rows would overflow int64
+        segments = torch.tensor([[2**62, 2**62, 2**62, 0]])
+    elif bad == "huge context":
+        segments = torch.tensor([[0, 8, 2**63 - 1, 0]])
+    elif bad == "huge offset":
+        segments = torch.tensor([[0, 8, 20, 2**63 - 2]])
+    elif bad == "huge block size":
+        block_size = 2**62
+    elif bad == "nan scale":
+        scale = float("nan")
     else:
         block_size = 0
     with pytest.raises(RuntimeError):
-        torch.ops.radixlm.prefill_attention_paged(queries, keys, values, out, table, segments, block_size, 0.2, 0,
+        torch.ops.radixlm.prefill_attention_paged(queries, keys, values, out, table, segments, block_size, scale, 0,
                                                   0.0)
