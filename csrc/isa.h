@@ -24,6 +24,12 @@
 #define RADIXLM_BUILD_AVX512_VNNI 0
 #endif
 
+#if RADIXLM_BUILD_AVX512 && defined(__AVX512BF16__)
+#define RADIXLM_BUILD_AVX512_BF16 1
+#else
+#define RADIXLM_BUILD_AVX512_BF16 0
+#endif
+
 #define RADIXLM_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define RADIXLM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 // RADIXLM_AVX512 and the bfloat16 dot product and conversions (Zen 4 and later, Xeons from Cooper Lake).

@@ -14,6 +14,7 @@
 #include "attention_softmax.h"
 #include "attention_stream_in.h"
 #include "attention_tiles.h"
+#include "attention_tiles_dot.h"
 #include "isa.h"
 #include "kv_rows.h"
 
@@ -73,12 +74,53 @@ void scale_tile(const ItemState& s, const at::Half* scales, int64_t r, const int
   }
 }
 
+// Row r's softmax step over a tile of n scored positions, for each of its query heads.
+inline void softmax_rows(const Problem& p, ItemState& s, int64_t r, int64_t n) {
+  const int64_t per_row = s.per_row, d = s.d;
+#if RADIXLM_BUILD_AVX512
+  if (d % 16 == 0) {
+    if (p.softcap > 0.f) {
+      for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) soft_cap(s.scores + j * kTile, n, p.softcap);
+    }
+    for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
+      softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
+                    s.running_sum + j, s.acc + j * d, d);
+    }
+    return;
+  }
+#endif
+  for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
+    softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
+  }
+}
+
 // Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
 // holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
+// A bfloat16 query over a bfloat16 cache takes the dot-product phases where the build has them.
 template <typename scalar_t, int64_t kD>
 void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const scalar_t* values, int64_t r,
                  const int64_t* rows, int64_t n, const int64_t* next, int64_t num_next) {
   const int64_t per_row = s.per_row, rep = s.rep, d = kD > 0 ? kD : s.d;
+#if RADIXLM_BUILD_AVX512_BF16
+  if constexpr (kDotTiles<scalar_t, kD>) {
+    if (p.bf16_io) {
+      for (int64_t h = 0; h < s.num_kv; ++h) {
+        for_groups<kD / 16>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+          score_group_dot<kD / 16, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
+                                                           j0 == r * per_row + h * rep ? num_next : 0);
+        });
+      }
+      softmax_rows(p, s, r, n);
+      for (int64_t h = 0; h < s.num_kv; ++h) {
+        for_groups<kD / 16>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
+          value_group_dot<kD / 16, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
+                                                           j0 == r * per_row + h * rep ? num_next : 0);
+        });
+      }
+      return;
+    }
+  }
+#endif
   if constexpr (kD > 0 && kD % 16 == 0) {
     constexpr int64_t kC = kD / 16;
     for (int64_t h = 0; h < s.num_kv; ++h) {
@@ -91,20 +133,7 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
     score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
   }
   if constexpr (std::is_same_v<scalar_t, int8_t>) scale_tile<kD>(s, p.scales.keys, r, rows, n);
-#if RADIXLM_BUILD_AVX512
-  if (d % 16 == 0) {
-    if (p.softcap > 0.f) {
-      for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) soft_cap(s.scores + j * kTile, n, p.softcap);
-    }
-    for (int64_t j = r * per_row; j < (r + 1) * per_row; j += 16) {
-      softmax_heads(s.scores + j * kTile, n, std::min<int64_t>(16, (r + 1) * per_row - j), s.running_max + j,
-                    s.running_sum + j, s.acc + j * d, d);
-    }
-  } else
-#endif
-  for (int64_t j = r * per_row; j < (r + 1) * per_row; ++j) {
-    softmax_tile(s.scores + j * kTile, n, p.softcap, s.running_max[j], s.running_sum[j], s.acc + j * d, d);
-  }
+  softmax_rows(p, s, r, n);
   if constexpr (std::is_same_v<scalar_t, int8_t>) scale_tile<kD>(s, p.scales.values, r, rows, n);
   if constexpr (kD > 0 && kD % 16 == 0) {
     constexpr int64_t kC = kD / 16;

@@ -33,7 +33,7 @@ struct Problem {
   const uint8_t* writes_own_row;
   // An int8 cache's scales (kv_rows.h); null for float32 and bfloat16 caches.
   radixlm_kv::Scales scales;
-  bool bf16_io;  // query and output in bfloat16 (arithmetic stays float32)
+  bool bf16_io;  // query and output in bfloat16 (over a bfloat16 cache: attention_tiles_dot.h)
 };
 
 // out[offset + e] = values[e] * multiplier for e < d, rounded to bfloat16 when the output is.

@@ -226,7 +226,9 @@ def paged_decode_attention(query: torch.Tensor, caches: LayerCache, tables: Deco
     """query `[B, Hq, D]` (any float dtype) over one layer's caches `[num_slots, Hkv, D]` (float32, bfloat16 or int8
     with its scales) -> `[B, Hq, D]` in the query's dtype. Request b attends its last `sliding_window` positions
     (all when None); logits are soft-capped as `tanh(x / softcap) * softcap` when softcap is set. Arithmetic is
-    float32 (the kernel takes float32 and bfloat16 queries as they are). With `new_rows` (one per query row, float32
+    float32 (the kernel takes float32 and bfloat16 queries as they are), except for bfloat16 queries over a
+    bfloat16 cache on a CPU with AVX-512 BF16: bfloat16 dot products summed in float32, the softmax weights rounded
+    to bfloat16 (csrc/attention/attention_tiles_dot.h). With `new_rows` (one per query row, float32
     or bfloat16: `kernel_takes_rows`) the kernel first writes them into the caches, as `write_kv` would."""
     error = extension_error()  # cached: imports the extension on first use
     if error is not None:
