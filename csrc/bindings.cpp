@@ -57,7 +57,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
   // activation/
-  m.def("silu_and_mul(Tensor gate_up) -> Tensor");
+  m.def("silu_and_mul(Tensor gate_up, bool pad_rows=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
@@ -162,6 +162,11 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* silu_and_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<1, false>("silu_and_mul", args, nargs,
                                [](const auto& t) { return radixlm::silu_and_mul(*t[0]); });
+}
+
+PyObject* silu_and_mul_padded(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<1, false>("silu_and_mul_padded", args, nargs,
+                               [](const auto& t) { return radixlm::silu_and_mul(*t[0], true); });
 }
 
 // gguf_linear(x, tiles, types, out_features, bias[, path]): torch.ops.radixlm.gguf_linear without the dispatcher
@@ -282,6 +287,9 @@ PyMethodDef methods[] = {
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
     {"silu_and_mul", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul)), METH_FASTCALL,
      "silu_and_mul(gate_up): torch.ops.radixlm.silu_and_mul without the dispatcher"},
+    {"silu_and_mul_padded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul_padded)),
+     METH_FASTCALL, "silu_and_mul_padded(gate_up): torch.ops.radixlm.silu_and_mul(gate_up, pad_rows=True) without "
+     "the dispatcher"},
     {"decode_attention", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(decode_attention)), METH_FASTCALL,
      "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
      "slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one decode layer through "

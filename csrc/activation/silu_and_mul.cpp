@@ -17,6 +17,7 @@
 #include "bf16_vec.h"
 #include "exp_nonpositive.h"
 #include "kernel_checks.h"
+#include "row_layout.h"
 
 namespace {
 
@@ -54,7 +55,7 @@ void silu_and_mul_row(const uint16_t* gate, const uint16_t* up, int64_t n, uint1
 
 }  // namespace
 
-at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up) {
+at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up, bool pad_rows) {
   radixlm::check_dense_cpu(gate_up, "gate_up");
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "gate_up must be bfloat16, got ", gate_up.scalar_type());
   TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
@@ -62,13 +63,22 @@ at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up) {
   const int64_t n = x.size(-1) / 2;
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
   sizes.back() = n;
-  at::Tensor out = at::empty(sizes, x.options());
+  const int64_t rows = n > 0 ? x.numel() / (2 * n) : 0;
+  // With pad_rows, rows the next linear would copy apart (csrc/row_layout.h) are written apart: a view of a wider
+  // tensor, which bf16_packed_linear reads as it is.
+  const int64_t stride = pad_rows ? radixlm::padded_row_stride(rows, n) : n;
+  at::Tensor out;
+  if (stride == n) {
+    out = at::empty(sizes, x.options());
+  } else {
+    sizes.back() = stride;
+    out = at::empty(sizes, x.options()).narrow(-1, 0, n);
+  }
   if (out.numel() == 0) return out;
-  const int64_t rows = out.numel() / n;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(xp + r * 2 * n, xp + r * 2 * n + n, n, op + r * n);
+    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(xp + r * 2 * n, xp + r * 2 * n + n, n, op + r * stride);
   });
   return out;
 }

@@ -7,7 +7,8 @@
 namespace radixlm {
 
 // silu(gate) * up for bfloat16 CPU gate_up [..., 2I] (gate the first I features, up the last I): [..., I], computed
-// in float32 and rounded once.
-at::Tensor silu_and_mul(const at::Tensor& gate_up);
+// in float32 and rounded once. With pad_rows, several rows whose bytes are a multiple of 1 KB come as a view of
+// wider rows (csrc/row_layout.h), which bf16_packed_linear reads without copying them apart.
+at::Tensor silu_and_mul(const at::Tensor& gate_up, bool pad_rows = false);
 
 }  // namespace radixlm

@@ -19,6 +19,7 @@
 
 #include "../isa.h"
 #include "../kernel_checks.h"
+#include "../row_layout.h"
 
 namespace {
 
@@ -26,10 +27,10 @@ constexpr int64_t kBlockN = 32;     // output features per packed block
 constexpr int64_t kChunkK = 256;    // inputs per chunk (128 pairs: 16 KB of a block)
 constexpr int kTileRows = 12;       // rows of x per register tile, at most (24 accumulators)
 constexpr int64_t kPrefetchPairs = 16;  // how far ahead (2 KB) the first tile of a chunk prefetches the weight
-// x's rows are copied kRowPadding elements apart when their size is a multiple of this many bytes: rows 4 KB apart
-// (K 2,048 or 8,192) share L1 sets, and a tile's 12 rows then evict each other.
-constexpr int64_t kAliasBytes = 1024;
-constexpr int64_t kRowPadding = 32;
+// x's rows are read with their own stride, and copied kRowPadding elements apart when that stride is a multiple of
+// kAliasBytes (csrc/row_layout.h: rows 4 KB apart share L1 sets, and a tile's 12 rows then evict each other).
+using radixlm::kAliasBytes;
+using radixlm::kRowPadding;
 
 struct Problem {
   const uint16_t* x;  // rows ldx elements apart
@@ -162,12 +163,14 @@ at::Tensor bf16_packed_linear(const at::Tensor& input, const at::Tensor& packed,
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features, "bias must be [N]");
     float_bias = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor x = input.contiguous();
+  // A view with evenly spaced rows (silu_and_mul's padded output) is read as it is.
+  int64_t ldx = uniform_row_stride(input);
+  at::Tensor x = ldx > 0 ? input : input.contiguous();
+  if (ldx == 0) ldx = k_dim;
   at::Tensor out = empty_output(x, out_features);
   const int64_t rows = x.numel() / k_dim;
   if (rows == 0) return out;
-  int64_t ldx = k_dim;
-  if (rows > 1 && (k_dim * 2) % kAliasBytes == 0) {
+  if (rows > 1 && (ldx * 2) % kAliasBytes == 0) {
     ldx = k_dim + kRowPadding;
     x = at::constant_pad_nd(x.reshape({rows, k_dim}), {0, kRowPadding});
   }

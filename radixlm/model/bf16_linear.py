@@ -131,6 +131,8 @@ class DotPackedLinear(nn.Module):
     (csrc/linear/bf16_packed.cpp: AVX-512 BF16 dot products over `pack_weight`'s layout). The packed weight replaces
     the plain one (no second copy), so a head tied to the embedding cannot take it."""
 
+    reads_strided_rows = True  # x may be a view of evenly spaced rows (silu_and_mul_padded's), read without a copy
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         weight = linear.weight.detach()

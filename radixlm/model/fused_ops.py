@@ -85,11 +85,14 @@ class FusedGatedMLP(nn.Module):
         # A GGUF linear has no weight tensor and computes in float32: PyTorch's ops.
         linear = cpp_kernels and isinstance(gate, nn.Linear)
         self._activation = _cpp_kernel("silu_and_mul", gate.weight, (torch.bfloat16,)) if linear else None
+        self._padded_activation = _cpp_kernel("silu_and_mul_padded", gate.weight, (torch.bfloat16,)) if linear else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self._activation is not None and gate_up.dtype == torch.bfloat16 and not torch.is_grad_enabled():
-            return self.down_proj(self._activation(gate_up))
+            # A down projection that reads evenly spaced rows gets them written apart where it would copy them so.
+            padded = getattr(self.down_proj, "reads_strided_rows", False)
+            return self.down_proj((self._padded_activation if padded else self._activation)(gate_up))
         half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
         return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 

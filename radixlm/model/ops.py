@@ -39,8 +39,8 @@ def kernels_available() -> bool:
 @cache
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
-    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear",
-    "bf16_dot_linear", "bf16_packed_linear", "gguf_linear", "gguf_rows": the arguments and result of
+    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "silu_and_mul_padded",
+    "amx_bf16_linear", "bf16_dot_linear", "bf16_packed_linear", "gguf_linear", "gguf_rows": the arguments and result of
     `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer, see
     `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"; "amx_bf16_available";
     "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
@@ -78,7 +78,7 @@ def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:
     return query_key.new_empty(batch, tokens, heads, head_dim).permute(0, 2, 1, 3)
 
 
-def _fake_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def _fake_silu_and_mul(gate_up: torch.Tensor, pad_rows: bool = False) -> torch.Tensor:
     return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 

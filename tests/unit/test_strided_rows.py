@@ -1,0 +1,49 @@
+"""The packed bfloat16 linear reads a view of evenly spaced rows as it is, and `silu_and_mul_padded` writes rows whose
+bytes are a multiple of 1 KB apart (csrc/row_layout.h): the same numbers as contiguous rows, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.model.bf16_linear import pack_weight
+from radixlm.model.ops import direct_kernel, extension_error
+
+pytestmark = pytest.mark.skipif(
+    extension_error() is not None or not direct_kernel("avx512_bf16_available")(),
+    reason="needs radixlm._C on a CPU with AVX-512 BF16")
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return direct_kernel("bf16_packed_linear")(x, pack_weight(weight), weight.shape[0], None)
+
+
+@pytest.mark.parametrize("k", [512, 576, 1536])  # 1,024 and 3,072 bytes: rows the kernel would copy apart
+@pytest.mark.parametrize("rows", [1, 2, 13, 40])
+def test_silu_and_mul_padded_writes_the_same_values_apart(rows, k):
+    gate_up = torch.randn(1, rows, 2 * k).bfloat16()
+    plain = direct_kernel("silu_and_mul")(gate_up)
+    padded = direct_kernel("silu_and_mul_padded")(gate_up)
+    assert torch.equal(plain, padded) and plain.is_contiguous()
+    spaced = rows > 1 and (2 * k) % 1024 == 0
+    assert padded.stride(-2) == (k + 32 if spaced else k)
+    assert torch.equal(torch.ops.radixlm.silu_and_mul(gate_up, pad_rows=True), padded)
+    weight = torch.randn(96, k).bfloat16()
+    assert torch.equal(_linear(padded, weight), _linear(plain, weight))
+
+
+@pytest.mark.parametrize("make_view", [
+    lambda x: torch.nn.functional.pad(x, (0, 48))[..., :-48],  # rows 1,120 bytes apart: read in place
+    lambda x: torch.nn.functional.pad(x, (0, 64))[..., :-64],  # rows 1,152 bytes apart
+    lambda x: torch.nn.functional.pad(x, (0, 512))[..., :-512],  # 2,048 bytes apart: copied 1,088 bytes apart
+    lambda x: x.transpose(0, 1).contiguous().transpose(0, 1),  # rows not evenly spaced: copied
+    lambda x: x[:, ::2].repeat_interleave(2, dim=1),           # a copy, for completeness
+    lambda x: x[:1].expand(x.shape[0], -1),                    # overlapping rows: copied
+])
+def test_the_packed_linear_reads_any_view_as_its_contiguous_copy(make_view):
+    torch.manual_seed(0)
+    x = torch.randn(24, 512).bfloat16()
+    weight = torch.randn(64, 512).bfloat16()
+    view = make_view(x)
+    assert torch.equal(_linear(view, weight), _linear(view.contiguous(), weight))
+    assert torch.equal(_linear(view[None], weight)[0], _linear(view.contiguous(), weight))
