@@ -54,7 +54,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
   // norm/
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, bool pad_rows=False) -> Tensor");
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
   // activation/
   m.def("silu_and_mul(Tensor gate_up, bool pad_rows=False) -> Tensor");
@@ -145,13 +145,21 @@ PyObject* int8_rescale_rows_(PyObject*, PyObject* const* args, Py_ssize_t nargs)
   });
 }
 
-PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!check_count("rms_norm", 3, nargs)) return nullptr;
+PyObject* rms_norm_call(const char* name, PyObject* const* args, Py_ssize_t nargs, bool pad_rows) {
+  if (!check_count(name, 3, nargs)) return nullptr;
   c10::optional<at::Tensor> x, weight;
   if (!tensor_arg(args, 0, false, &x) || !tensor_arg(args, 1, false, &weight)) return nullptr;
   const double eps = PyFloat_AsDouble(args[2]);
   if (eps == -1.0 && PyErr_Occurred()) return nullptr;
-  return run_kernel([&] { return radixlm::rms_norm(*x, *weight, eps); });
+  return run_kernel([&] { return radixlm::rms_norm(*x, *weight, eps, pad_rows); });
+}
+
+PyObject* rms_norm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return rms_norm_call("rms_norm", args, nargs, false);
+}
+
+PyObject* rms_norm_padded(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return rms_norm_call("rms_norm_padded", args, nargs, true);
 }
 
 PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -283,6 +291,9 @@ PyMethodDef methods[] = {
      "out"},
     {"rms_norm", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm)), METH_FASTCALL,
      "rms_norm(x, weight, eps): torch.ops.radixlm.rms_norm without the dispatcher"},
+    {"rms_norm_padded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rms_norm_padded)), METH_FASTCALL,
+     "rms_norm_padded(x, weight, eps): torch.ops.radixlm.rms_norm(x, weight, eps, pad_rows=True) without the "
+     "dispatcher"},
     {"rotary", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(rotary)), METH_FASTCALL,
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
     {"silu_and_mul", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul)), METH_FASTCALL,

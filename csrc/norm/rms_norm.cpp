@@ -17,9 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "bf16_vec.h"
 #include "kernel_checks.h"
+#include "row_layout.h"
 
 namespace {
 
@@ -67,31 +69,42 @@ void normalize_bf16_row(const uint16_t* x, const uint16_t* weight, float eps, in
   for (int64_t i = n_vec; i < n; ++i) out[i] = to_bf16(to_float(x[i]) * inverse * to_float(weight[i]));
 }
 
-at::Tensor rms_norm_bf16(const at::Tensor& input, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm_bf16(const at::Tensor& input, const at::Tensor& weight, double eps, bool pad_rows) {
   TORCH_CHECK(weight.scalar_type() == at::kBFloat16, "weight must be bfloat16 for bfloat16 x, got ",
               weight.scalar_type());
   const at::Tensor x = input.contiguous();  // no copy when it already is
   const int64_t n = x.size(-1);
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
-  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  // With pad_rows, rows the next linear would copy apart are written apart (csrc/row_layout.h).
+  const int64_t stride = pad_rows ? radixlm::padded_row_stride(rows, n) : n;
+  at::Tensor out;
+  if (stride == n) {
+    out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  } else {
+    std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+    sizes.back() = stride;
+    out = at::empty(sizes, x.options()).narrow(-1, 0, n);
+  }
   if (x.numel() == 0) return out;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) normalize_bf16_row(xp + r * n, wp, static_cast<float>(eps), n, op + r * n);
+    for (int64_t r = begin; r < end; ++r) {
+      normalize_bf16_row(xp + r * n, wp, static_cast<float>(eps), n, op + r * stride);
+    }
   });
   return out;
 }
 
 }  // namespace
 
-at::Tensor radixlm::rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
+at::Tensor radixlm::rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps, bool pad_rows) {
   radixlm::check_dense_cpu(input, "x");
   radixlm::check_dense_cpu(weight, "weight");
   TORCH_CHECK(input.dim() >= 1 && weight.dim() == 1 && weight.size(0) == input.size(-1) && weight.is_contiguous(),
               "weight must be contiguous [N] for x [..., N], got ", weight.sizes(), " and ", input.sizes());
-  if (input.scalar_type() == at::kBFloat16) return rms_norm_bf16(input, weight, eps);
+  if (input.scalar_type() == at::kBFloat16) return rms_norm_bf16(input, weight, eps, pad_rows);
   radixlm::check_dense_float_cpu(input, "x");
   radixlm::check_dense_float_cpu(weight, "weight");
   const int64_t n = input.size(-1);

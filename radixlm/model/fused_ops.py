@@ -56,6 +56,14 @@ class FusedRMSNorm(nn.Module):
         self._kernel_args = None if kernel is None else (weight, eps)
         self._kernel = kernel
 
+    def pad_rows(self) -> bool:
+        """Write bfloat16 rows that the packed linear would copy apart already apart (`pad_rows_for_readers`);
+        whether the kernel does."""
+        if self._kernel is None or self.weight.dtype != torch.bfloat16:
+            return False
+        self._kernel = direct_kernel("rms_norm_padded")
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._kernel_args is not None and x.dtype == self.weight.dtype and not torch.is_grad_enabled():
             return self._kernel(x, *self._kernel_args)
@@ -85,14 +93,19 @@ class FusedGatedMLP(nn.Module):
         # A GGUF linear has no weight tensor and computes in float32: PyTorch's ops.
         linear = cpp_kernels and isinstance(gate, nn.Linear)
         self._activation = _cpp_kernel("silu_and_mul", gate.weight, (torch.bfloat16,)) if linear else None
-        self._padded_activation = _cpp_kernel("silu_and_mul_padded", gate.weight, (torch.bfloat16,)) if linear else None
+
+    def pad_rows(self) -> bool:
+        """Write the activation's rows that the packed linear would copy apart already apart
+        (`pad_rows_for_readers`); whether the kernel does."""
+        if self._activation is None:
+            return False
+        self._activation = direct_kernel("silu_and_mul_padded")
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self._activation is not None and gate_up.dtype == torch.bfloat16 and not torch.is_grad_enabled():
-            # A down projection that reads evenly spaced rows gets them written apart where it would copy them so.
-            padded = getattr(self.down_proj, "reads_strided_rows", False)
-            return self.down_proj((self._padded_activation if padded else self._activation)(gate_up))
+            return self.down_proj(self._activation(gate_up))
         half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
         return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 
@@ -204,3 +217,27 @@ def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
             continue
         replaced += 1
     return replaced
+
+
+def pad_rows_for_readers(model: nn.Module) -> int:
+    """Once the linears have their final classes: each fused norm or activation whose one reader takes evenly spaced
+    rows (`reads_strided_rows`: the packed bfloat16 linear) writes the rows that reader would copy apart already apart
+    (csrc/row_layout.h: rows 1 KB multiples long, as in every model with a hidden size a multiple of 512). The input
+    norm's reader is the fused q/k/v projection, the post-attention norm's the MLP's gate/up projection, the
+    activation's the down projection. Any other reader still gets correct numbers from such a view. Returns how
+    many now pad."""
+    padded = 0
+    for module in model.modules():
+        pairs: list[tuple[nn.Module, nn.Module | None]] = []
+        if isinstance(module, FusedGatedMLP):
+            pairs.append((module, module.down_proj))
+        attention, mlp = getattr(module, "self_attn", None), getattr(module, "mlp", None)
+        norm = getattr(module, "input_layernorm", None)
+        if isinstance(norm, FusedRMSNorm) and attention is not None:
+            pairs.append((norm, getattr(attention, "qkv_proj", None)))
+        norm = getattr(module, "post_attention_layernorm", None)
+        if isinstance(norm, FusedRMSNorm) and isinstance(mlp, FusedGatedMLP):
+            pairs.append((norm, mlp.gate_up_proj))
+        padded += sum(getattr(reader, "reads_strided_rows", False) and producer.pad_rows()
+                      for producer, reader in pairs)
+    return padded

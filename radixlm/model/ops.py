@@ -39,9 +39,10 @@ def kernels_available() -> bool:
 @cache
 def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     """The extension's direct entry point `name` (csrc/bindings.cpp: "small_batch_linear", "small_batch_int8_linear",
-    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "silu_and_mul_padded",
-    "amx_bf16_linear", "bf16_dot_linear", "bf16_packed_linear", "gguf_linear", "gguf_rows": the arguments and result of
-    `torch.ops.radixlm.<name>`, without the dispatcher; "decode_attention": one decode layer, see
+    "int8_normalize_rows", "int8_rescale_rows_", "rms_norm", "rotary", "silu_and_mul", "amx_bf16_linear",
+    "bf16_dot_linear", "bf16_packed_linear", "gguf_linear", "gguf_rows": the arguments and result of
+    `torch.ops.radixlm.<name>`, without the dispatcher; "rms_norm_padded", "silu_and_mul_padded": those ops with
+    pad_rows=True; "decode_attention": one decode layer, see
     `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"; "amx_bf16_available";
     "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
     import radixlm._C
@@ -57,7 +58,7 @@ def _fake_no_result(*args: object) -> None:
     return None
 
 
-def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:
+def _fake_rms_norm(x: torch.Tensor, *args: object) -> torch.Tensor:  # pad_rows: the same shape
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 

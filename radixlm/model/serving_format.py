@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf import quantize as gguf_quantize
 from torch import nn
 
-from radixlm.model.fused_ops import fuse_small_ops
+from radixlm.model.fused_ops import fuse_small_ops, pad_rows_for_readers
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
 from radixlm.model.prepacked_linear import prepacking_available, use_prepacked_linears
 from radixlm.model.quantize import quantize_model
@@ -74,6 +74,7 @@ class ServingFormat:
             logger.debug("%d linears use the small-batch kernels", use_small_batch_linears(model))
             if prepacking_available():
                 logger.debug("%d bfloat16 linears prepacked for oneDNN", use_prepacked_linears(model))
+                logger.debug("%d norms and activations write padded rows", pad_rows_for_readers(model))
 
     def _to_blocks(self, root: nn.Module) -> None:
         for name, module in [(n, m) for n, m in root.named_modules() if type(m) is nn.Linear]:

@@ -47,3 +47,40 @@ def test_the_packed_linear_reads_any_view_as_its_contiguous_copy(make_view):
     view = make_view(x)
     assert torch.equal(_linear(view, weight), _linear(view.contiguous(), weight))
     assert torch.equal(_linear(view[None], weight)[0], _linear(view.contiguous(), weight))
+
+
+@pytest.mark.parametrize("width", [512, 576, 2048])
+@pytest.mark.parametrize("rows", [1, 7])
+def test_rms_norm_padded_writes_the_same_values_apart(rows, width):
+    x, weight = torch.randn(1, rows, width).bfloat16(), torch.randn(width).bfloat16()
+    plain = direct_kernel("rms_norm")(x, weight, 1e-6)
+    padded = direct_kernel("rms_norm_padded")(x, weight, 1e-6)
+    assert torch.equal(plain, padded)
+    assert padded.stride(-2) == (width + 32 if rows > 1 and width % 512 == 0 else width)
+    assert torch.equal(torch.ops.radixlm.rms_norm(x, weight, 1e-6, pad_rows=True), padded)
+    as_float = direct_kernel("rms_norm_padded")(x.float(), weight.float(), 1e-6)  # float32: contiguous as ever
+    assert as_float.is_contiguous()
+    assert torch.equal(as_float, direct_kernel("rms_norm")(x.float(), weight.float(), 1e-6))
+
+
+def test_a_model_whose_producers_pad_their_rows_gives_the_same_logits():
+    """A bfloat16 Llama with hidden size 512 on the packed linears: both norms and the activation of each layer pad
+    (`pad_rows_for_readers`), and the logits stay bit for bit what they were."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from radixlm.model.bf16_linear import PACKED
+    from radixlm.model.fused_ops import fuse_small_ops, pad_rows_for_readers
+    from radixlm.model.prepacked_linear import use_prepacked_linears
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=2, vocab_size=300, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).bfloat16().eval()
+    fuse_small_ops(model, cpp_kernels=True)
+    use_prepacked_linears(model, PACKED)
+    input_ids = torch.randint(0, 300, (1, 23))
+    with torch.inference_mode():
+        before = model(input_ids, use_cache=False).logits
+        assert pad_rows_for_readers(model) == 3 * config.num_hidden_layers
+        after = model(input_ids, use_cache=False).logits
+    assert torch.equal(before, after)
