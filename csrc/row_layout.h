@@ -22,18 +22,18 @@ inline int64_t padded_row_stride(int64_t rows, int64_t k) {
 inline int64_t uniform_row_stride(const at::Tensor& x) {
   const int64_t k = x.size(-1);
   if (k > 1 && x.stride(-1) != 1) return 0;
-  int64_t stride = 0, rows = 1;  // the stride is set by the innermost leading dimension longer than 1
+  int64_t stride = -1, rows = 1;  // the stride is set by the innermost leading dimension longer than 1
   for (int64_t i = x.dim() - 2; i >= 0; --i) {
     if (x.size(i) == 1) continue;
-    if (stride == 0) {
+    if (stride < 0) {
       stride = x.stride(i);
     } else if (x.stride(i) != stride * rows) {
       return 0;
     }
     rows *= x.size(i);
   }
-  if (stride == 0) return k;  // one row
-  return stride >= k ? stride : 0;
+  if (stride < 0) return k;  // at most one row
+  return stride >= k ? stride : 0;  // an expanded (stride 0) or overlapping view is copied
 }
 
 }  // namespace radixlm

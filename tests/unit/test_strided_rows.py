@@ -38,12 +38,15 @@ def test_silu_and_mul_padded_writes_the_same_values_apart(rows, k):
     lambda x: torch.nn.functional.pad(x, (0, 512))[..., :-512],  # 2,048 bytes apart: copied 1,088 bytes apart
     lambda x: x.transpose(0, 1).contiguous().transpose(0, 1),  # rows not evenly spaced: copied
     lambda x: x[:, ::2].repeat_interleave(2, dim=1),           # a copy, for completeness
-    lambda x: x[:1].expand(x.shape[0], -1),                    # overlapping rows: copied
+    lambda x: x[:1].expand(x.shape[0], -1),                    # one row seen 24 times (stride 0): copied
+    lambda x: x[:, None].expand(-1, 3, -1).flatten(0, 1)[::3],  # rows 3 K apart through a copy
+    lambda x: x.as_strided((12, x.shape[1]), (x.shape[1] // 2, 1)),  # rows overlapping by half: copied
 ])
-def test_the_packed_linear_reads_any_view_as_its_contiguous_copy(make_view):
+@pytest.mark.parametrize("k", [512, 576])  # rows the kernel pads, and rows it reads where they are
+def test_the_packed_linear_reads_any_view_as_its_contiguous_copy(make_view, k):
     torch.manual_seed(0)
-    x = torch.randn(24, 512).bfloat16()
-    weight = torch.randn(64, 512).bfloat16()
+    x = torch.randn(24, k).bfloat16()
+    weight = torch.randn(64, k).bfloat16()
     view = make_view(x)
     assert torch.equal(_linear(view, weight), _linear(view.contiguous(), weight))
     assert torch.equal(_linear(view[None], weight)[0], _linear(view.contiguous(), weight))
