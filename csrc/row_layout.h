@@ -17,6 +17,17 @@ inline int64_t padded_row_stride(int64_t rows, int64_t k) {
   return rows > 1 && (k * 2) % kAliasBytes == 0 ? k + kRowPadding : k;
 }
 
+// An uninitialised bfloat16 result shaped as x but for its last dimension, n: with pad_rows, its rows as
+// padded_row_stride places them (a view of wider rows). `*stride` gets the elements from one row to the next.
+inline at::Tensor empty_rows(const at::Tensor& x, int64_t n, bool pad_rows, int64_t* stride) {
+  const int64_t rows = x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+  *stride = pad_rows ? padded_row_stride(rows, n) : n;
+  c10::SmallVector<int64_t, 4> sizes(x.sizes().begin(), x.sizes().end());
+  sizes.back() = *stride;
+  at::Tensor out = at::empty(sizes, x.options());
+  return *stride == n ? out : out.narrow(-1, 0, n);
+}
+
 // x's rows of its last dimension as [rows, K] elements `stride` apart: the stride when its last dimension is
 // contiguous and its leading ones flatten into one of uniform stride (no row overlapping the next), else 0.
 inline int64_t uniform_row_stride(const at::Tensor& x) {

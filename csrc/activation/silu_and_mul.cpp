@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "bf16_vec.h"
 #include "exp_nonpositive.h"
@@ -61,19 +60,11 @@ at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up, bool pad_rows) {
   TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
   const at::Tensor x = gate_up.contiguous();  // no copy when it already is
   const int64_t n = x.size(-1) / 2;
-  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-  sizes.back() = n;
   const int64_t rows = n > 0 ? x.numel() / (2 * n) : 0;
   // With pad_rows, rows the next linear would copy apart (csrc/row_layout.h) are written apart: a view of a wider
   // tensor, which bf16_packed_linear reads as it is.
-  const int64_t stride = pad_rows ? radixlm::padded_row_stride(rows, n) : n;
-  at::Tensor out;
-  if (stride == n) {
-    out = at::empty(sizes, x.options());
-  } else {
-    sizes.back() = stride;
-    out = at::empty(sizes, x.options()).narrow(-1, 0, n);
-  }
+  int64_t stride = n;
+  const at::Tensor out = radixlm::empty_rows(x, n, pad_rows, &stride);
   if (out.numel() == 0) return out;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());

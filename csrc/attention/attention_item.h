@@ -94,6 +94,18 @@ inline void softmax_rows(const Problem& p, ItemState& s, int64_t r, int64_t n) {
   }
 }
 
+// Runs `phase(group, h, j0, num_next)` over row r's query heads, KV head by KV head in register groups (for_groups);
+// only each KV head's first group prefetches the next tile's rows (the others find them in cache).
+template <int64_t kC, typename Phase>
+inline void for_head_groups(const ItemState& s, int64_t r, int64_t num_next, Phase&& phase) {
+  for (int64_t h = 0; h < s.num_kv; ++h) {
+    const int64_t first = r * s.per_row + h * s.rep;
+    for_groups<kC>(first, first + s.rep, [&](auto group, int64_t j0) {
+      phase(group, h, j0, j0 == first ? num_next : 0);
+    });
+  }
+}
+
 // Row r's positions of one tile (K/V rows at element offsets `rows`, of KV head h0): scores, softmax, values. `next`
 // holds the offsets of the `num_next` rows the phases prefetch as they go (none when the tile is already in cache).
 // A bfloat16 query over a bfloat16 cache takes the dot-product phases where the build has them.
@@ -101,34 +113,25 @@ template <typename scalar_t, int64_t kD>
 void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const scalar_t* values, int64_t r,
                  const int64_t* rows, int64_t n, const int64_t* next, int64_t num_next) {
   const int64_t per_row = s.per_row, rep = s.rep, d = kD > 0 ? kD : s.d;
+  constexpr int64_t kC = kD / 16;
 #if RADIXLM_BUILD_AVX512_BF16
   if constexpr (kDotTiles<scalar_t, kD>) {
     if (p.bf16_io) {
-      for (int64_t h = 0; h < s.num_kv; ++h) {
-        for_groups<kD / 16>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-          score_group_dot<kD / 16, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
-                                                           j0 == r * per_row + h * rep ? num_next : 0);
-        });
-      }
+      for_head_groups<kC>(s, r, num_next, [&](auto group, int64_t h, int64_t j0, int64_t ahead) {
+        score_group_dot<kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next, ahead);
+      });
       softmax_rows(p, s, r, n);
-      for (int64_t h = 0; h < s.num_kv; ++h) {
-        for_groups<kD / 16>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-          value_group_dot<kD / 16, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
-                                                           j0 == r * per_row + h * rep ? num_next : 0);
-        });
-      }
+      for_head_groups<kC>(s, r, num_next, [&](auto group, int64_t h, int64_t j0, int64_t ahead) {
+        value_group_dot<kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next, ahead);
+      });
       return;
     }
   }
 #endif
   if constexpr (kD > 0 && kD % 16 == 0) {
-    constexpr int64_t kC = kD / 16;
-    for (int64_t h = 0; h < s.num_kv; ++h) {
-      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-        score_group<scalar_t, kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next,
-                                                          j0 == r * per_row + h * rep ? num_next : 0);
-      });
-    }
+    for_head_groups<kC>(s, r, num_next, [&](auto group, int64_t h, int64_t j0, int64_t ahead) {
+      score_group<scalar_t, kC, decltype(group)::value>(s.q, keys, rows, n, h, j0, p.scale, s.scores, next, ahead);
+    });
   } else {
     score_tile(s.q + r * per_row * d, keys, rows, n, s.num_kv, rep, d, p.scale, s.scores + r * per_row * kTile);
   }
@@ -136,13 +139,9 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
   softmax_rows(p, s, r, n);
   if constexpr (std::is_same_v<scalar_t, int8_t>) scale_tile<kD>(s, p.scales.values, r, rows, n);
   if constexpr (kD > 0 && kD % 16 == 0) {
-    constexpr int64_t kC = kD / 16;
-    for (int64_t h = 0; h < s.num_kv; ++h) {
-      for_groups<kC>(r * per_row + h * rep, r * per_row + (h + 1) * rep, [&](auto group, int64_t j0) {
-        value_group<scalar_t, kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next,
-                                                          j0 == r * per_row + h * rep ? num_next : 0);
-      });
-    }
+    for_head_groups<kC>(s, r, num_next, [&](auto group, int64_t h, int64_t j0, int64_t ahead) {
+      value_group<scalar_t, kC, decltype(group)::value>(s.acc, values, rows, n, h, j0, s.scores, next, ahead);
+    });
   } else {
     value_tile(s.acc + r * per_row * d, values, rows, n, s.num_kv, rep, d, s.scores + r * per_row * kTile);
   }

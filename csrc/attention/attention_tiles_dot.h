@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_tiles.h"
 #include "isa.h"

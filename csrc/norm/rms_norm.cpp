@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "bf16_vec.h"
 #include "kernel_checks.h"
@@ -76,15 +75,8 @@ at::Tensor rms_norm_bf16(const at::Tensor& input, const at::Tensor& weight, doub
   const int64_t n = x.size(-1);
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   // With pad_rows, rows the next linear would copy apart are written apart (csrc/row_layout.h).
-  const int64_t stride = pad_rows ? radixlm::padded_row_stride(rows, n) : n;
-  at::Tensor out;
-  if (stride == n) {
-    out = at::empty_like(x, at::MemoryFormat::Contiguous);
-  } else {
-    std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
-    sizes.back() = stride;
-    out = at::empty(sizes, x.options()).narrow(-1, 0, n);
-  }
+  int64_t stride = n;
+  const at::Tensor out = radixlm::empty_rows(x, n, pad_rows, &stride);
   if (x.numel() == 0) return out;
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
