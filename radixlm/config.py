@@ -41,7 +41,8 @@ class ModelConfig:
         "activations); gguf (a .gguf model's linears and embedding served in the file's own blocks: Q8_0, Q4_0, "
         "Q4_1, Q4_K, Q6_K); q4_0, q4_1, q8_0 (any checkpoint's linears and embedding quantized at load to that GGUF "
         "block format: 4-bit with a scale per 32 weights, 4-bit with a scale and a minimum per 32, 8-bit). The GGUF "
-        "formats multiply int8 activations, quantized per 32 values. All need --dtype float32 and --device cpu"))
+        "formats multiply int8 activations, quantized per 32 values, and run with --dtype float32 or bfloat16 (the "
+        "activations, norms, attention and KV cache in that dtype); int8 needs float32. All need --device cpu"))
     attention_backend: str = field(default="auto", metadata=_help(
         "decode attention: cpp (the C++ paged kernel), torch (reference) or auto (cpp when built, else torch)"))
     distributed_executor_backend: str = field(default="uni", metadata=_help(
@@ -73,8 +74,10 @@ class ModelConfig:
             if self.quantization not in QUANTIZATION_METHODS:
                 raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)}, "
                                  f"got {self.quantization!r}")
-            if self.dtype not in ("auto", "float32"):
-                raise ValueError(f"quantization {self.quantization} needs dtype float32, got {self.dtype!r}")
+            allowed = ("auto", "float32") if self.quantization == "int8" else ("auto", "float32", "bfloat16")
+            if self.dtype not in allowed:
+                raise ValueError(f"quantization {self.quantization} needs dtype {' or '.join(allowed[1:])}, "
+                                 f"got {self.dtype!r}")
 
 
 @dataclass(frozen=True)

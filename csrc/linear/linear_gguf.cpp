@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "gguf_kernels.h"
 #include "isa.h"
@@ -43,17 +44,20 @@ const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
               " is not supported (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14)");
 }
 
-radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t path) {
+// `path` checked against the CPU, and 0 (best) resolved to the best path it runs.
+int64_t resolve_path(int64_t path) {
   TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAvx512,
               "gguf_linear: path must be 0 (best), 1 (portable), 2 (AVX2) or 3 (AVX-512 VNNI), got ", path);
   const bool avx512 = radixlm::isa::cpu_has_avx512(), avx2 = radixlm::isa::cpu_has_avx2();
   TORCH_CHECK(path != radixlm::kGgufPathAvx512 || avx512, "gguf_linear: this CPU cannot run the AVX-512 VNNI path");
   TORCH_CHECK(path != radixlm::kGgufPathAvx2 || avx2, "gguf_linear: this CPU cannot run the AVX2 path");
-  if (path == radixlm::kGgufPathBest) {
-    path = avx512 ? radixlm::kGgufPathAvx512 : avx2 ? radixlm::kGgufPathAvx2 : radixlm::kGgufPathPortable;
-  }
-  if (path == radixlm::kGgufPathAvx512) return radixlm_gguf::avx512_kernel(ggml_type);
-  if (path == radixlm::kGgufPathAvx2) return radixlm_gguf::avx2_kernel(ggml_type);
+  if (path != radixlm::kGgufPathBest) return path;
+  return avx512 ? radixlm::kGgufPathAvx512 : avx2 ? radixlm::kGgufPathAvx2 : radixlm::kGgufPathPortable;
+}
+
+radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t resolved_path) {
+  if (resolved_path == radixlm::kGgufPathAvx512) return radixlm_gguf::avx512_kernel(ggml_type);
+  if (resolved_path == radixlm::kGgufPathAvx2) return radixlm_gguf::avx2_kernel(ggml_type);
   return radixlm_gguf::portable_kernel(ggml_type);
 }
 
@@ -86,7 +90,10 @@ void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, flo
   sum16[1] = *step * static_cast<float>(halves[1]);
 }
 
-QuantizedRows quantize_rows(const float* x, int64_t m_dim, int64_t k_dim) {
+// x's rows quantized per K-block; bfloat16 rows are widened (exactly) a block at a time, so both dtypes quantize the
+// same values alike.
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolved_path) {
   const int64_t blocks = m_dim * (k_dim / kBlock);
   // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
   const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, isum32; sum16
@@ -95,12 +102,28 @@ QuantizedRows quantize_rows(const float* x, int64_t m_dim, int64_t k_dim) {
   float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
   int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
   int8_t* q = reinterpret_cast<int8_t*>(floats + words);
+  const auto quantize =
+      resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512 : quantize_block;
   at::parallel_for(0, blocks, 4096, [&](int64_t first, int64_t last) {
+    float widened[kBlock];
     for (int64_t i = first; i < last; ++i) {
-      quantize_block(x + i * kBlock, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
+      const float* values = widened;
+      if constexpr (std::is_same_v<T, float>) {
+        values = x + i * kBlock;
+      } else {
+        for (int64_t j = 0; j < kBlock; ++j) widened[j] = static_cast<float>(x[i * kBlock + j]);
+      }
+      quantize(values, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
     }
   });
   return {buffer, {q, step, isum32, sum32, sum16, k_dim}};
+}
+
+// The activations from row `first` on, as a view whose row 0 is that row.
+radixlm_gguf::Activations rows_from(const radixlm_gguf::Activations& a, int64_t first) {
+  const int64_t blocks = a.k / kBlock;
+  return {a.q + first * a.k, a.step + first * blocks, a.isum32 + first * blocks, a.sum32 + first * blocks,
+          a.sum16 + 2 * first * blocks, a.k};
 }
 
 struct Part {
@@ -117,9 +140,12 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
               kMaxParts, " parts, got ", tiles.size());
   TORCH_CHECK(types.size() == tiles.size() && out_features.size() == tiles.size(),
               "gguf_linear: tiles, types and out_features must have one entry per part");
-  radixlm::check_dense_float_cpu(input, "x");
+  radixlm::check_dense_cpu(input, "x");
+  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, got ", input.scalar_type());
   TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
   const int64_t k_dim = input.size(-1);
+  const int64_t resolved_path = resolve_path(path);
   c10::SmallVector<Part, kMaxParts> parts;
   int64_t n_dim = 0, num_tiles = 0;
   for (size_t i = 0; i < tiles.size(); ++i) {
@@ -136,7 +162,7 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
                 format.name,
                 ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
     parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
-                     select_kernel(types[i], path)});
+                     select_kernel(types[i], resolved_path)});
     n_dim += out_features[i];
     num_tiles += part_tiles;
   }
@@ -149,10 +175,13 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   const int64_t m_dim = x.numel() / k_dim;
   at::Tensor out = radixlm::empty_output(x, n_dim);
   if (m_dim == 0) return out;
-  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), m_dim, k_dim);
+  const bool bf16_out = x.scalar_type() == at::kBFloat16;
+  const QuantizedRows rows = bf16_out ? quantize_rows(x.data_ptr<at::BFloat16>(), m_dim, k_dim, resolved_path)
+                                      : quantize_rows(x.data_ptr<float>(), m_dim, k_dim, resolved_path);
   const radixlm_gguf::Activations& a = rows.view;
-  float* out_data = out.data_ptr<float>();
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* out_float = bf16_out ? nullptr : out.data_ptr<float>();
+  at::BFloat16* out_bf16 = bf16_out ? out.data_ptr<at::BFloat16>() : nullptr;
   // One task a thread, each an equal share of the weight bytes (parts of different formats have tiles of different
   // sizes, and at one row the bytes are the time), each reading at least kGrainBytes per row it serves: a small
   // layer stays on one thread.
@@ -174,8 +203,11 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   at::parallel_for(0, num_tasks, 1, [&](int64_t first_task, int64_t last_task) {
     const int64_t first = tile_at(total_bytes * first_task / num_tasks);
     const int64_t last = tile_at(total_bytes * last_task / num_tasks);
+    // A bfloat16 output goes through a float32 tile of the row block (in L1), rounded as it is copied out.
+    float scratch[kRowBlock * kTileRows];
     for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
-      const int64_t row_end = std::min(m_dim, row_block + kRowBlock);
+      const int64_t block_rows = std::min(kRowBlock, m_dim - row_block);
+      const radixlm_gguf::Activations block = rows_from(a, row_block);
       size_t p = 0;
       for (int64_t t = first; t < last; ++t) {
         while (t >= parts[p].first_tile + (parts[p].out_features + kTileRows - 1) / kTileRows) ++p;
@@ -184,9 +216,17 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
         const int64_t column = part.first_column + local * kTileRows;
         const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
         const uint8_t* tile = part.tiles + local * part.tile_bytes;
-        for (int64_t m = row_block; m < row_end; m += kChunkRows) {
-          part.kernel(tile, a, m, std::min(kChunkRows, row_end - m), out_data + column, n_dim, cols,
+        float* target = bf16_out ? scratch : out_float + row_block * n_dim + column;
+        const int64_t ld_target = bf16_out ? kTileRows : n_dim;
+        for (int64_t m = 0; m < block_rows; m += kChunkRows) {
+          part.kernel(tile, block, m, std::min(kChunkRows, block_rows - m), target, ld_target, cols,
                       bias_data ? bias_data + column : nullptr);
+        }
+        if (bf16_out) {
+          at::BFloat16* dst = out_bf16 + row_block * n_dim + column;
+          for (int64_t r = 0; r < block_rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) dst[r * n_dim + c] = at::BFloat16(scratch[r * kTileRows + c]);
+          }
         }
       }
     }

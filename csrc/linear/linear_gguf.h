@@ -11,7 +11,8 @@ namespace radixlm {
 // Path ids of gguf_linear: the best this CPU runs, the portable kernels, AVX2, AVX-512 VNNI.
 constexpr int64_t kGgufPathBest = 0, kGgufPathPortable = 1, kGgufPathAvx2 = 2, kGgufPathAvx512 = 3;
 
-// y = x W^T (+ b) for float32 x [..., K] (any number of rows) and W [N, K] given as parts stacked along the output
+// y = x W^T (+ b) for float32 or bfloat16 x [..., K] (any number of rows; y in x's dtype, bfloat16 rounded from the
+// float32 sums) and W [N, K] given as parts stacked along the output
 // features, part i being tiles[i] (radixlm.model.gguf_tiles.pack_tiles of ggml type types[i] with out_features[i]
 // rows). x is quantized to int8 per 32 values first (gguf_tiles.quantize_activations), so y equals
 // F.linear(quantize_activations(x), dequantize(W), b) up to the order of float additions; a row's result does not

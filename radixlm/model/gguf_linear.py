@@ -140,7 +140,7 @@ class GGUFLinear(nn.Module):
 
     def reference_forward(self, rows: torch.Tensor) -> torch.Tensor:
         """The PyTorch path: the activations quantized as the kernel does, times the dequantized weights, one slice
-        of the weights at a time."""
+        of the weights at a time; float32 sums, returned in the rows' dtype (as the kernel does)."""
         activations = quantize_activations(rows.float())
         slice_rows = max(1, WEIGHT_SLICE_FLOATS // self.in_features)
         outputs = []
@@ -151,7 +151,7 @@ class GGUFLinear(nn.Module):
         out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)
         if self.bias is not None:
             out += self.bias
-        return out
+        return out.to(rows.dtype)
 
     def extra_repr(self) -> str:
         kinds = "+".join(BLOCK_FORMATS[part.ggml_type].name for part in self.parts)
