@@ -2,8 +2,8 @@
 // output rows are two registers of 8 int32 lanes, each lane's 4 weights multiplied by 4 activation bytes with
 // vpmaddubsw (pairs of unsigned x signed bytes into int16) and vpmaddwd (pairs of int16 into int32). The int16 pairs
 // stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's 8-bit ones would not, so Q8_0 takes
-// |q| times the activation with q's sign (vpsignb), and adds the 128 x sum of the activations that the stored q + 128
-// carries on the other paths.
+// |q| times the activation with q's sign (vpsignb): the true dot product, which the other paths reach by taking the
+// stored q + 128's share (offset32) back in int32.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX2, isa.h), so the file builds whatever the build's -march, and runs
@@ -51,7 +51,6 @@ struct Q8_0 {
   RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
     s.scale[0] = d;
-    s.offset[0] = _mm256_mul_ps(_mm256_set1_ps(-128.f), d);
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));  // stored q + 128 -> q
     for (int g = 0; g < 8; ++g) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + 32 + 64 * g + 32 * half));
@@ -119,11 +118,16 @@ RADIXLM_AVX2 inline __m256i dot4(const __m256i* w, const int8_t* xq) {
 
 template <class F, int kRows>
 RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
-                            int64_t ld_out, int64_t cols, const float* bias) {
+                            int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
   const int64_t blocks = x.k / kBlock;
   __m256 acc[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  const int64_t valid = cols - 8 * half;  // columns of this half to read and write (may be <= 0)
+  for (int r = 0; r < kRows; ++r) {
+    alignas(32) float v[8] = {};
+    for (int64_t c = 0; accumulate && c < valid && c < 8; ++c) v[c] = out[(m0 + r) * ld_out + 8 * half + c];
+    acc[r] = _mm256_load_ps(v);
+  }
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
@@ -132,26 +136,24 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
       F::block(tile, j, half, s, w);
       for (int r = 0; r < kRows; ++r) {
         const int64_t m = m0 + r;
-        const int8_t* xq = x.q + m * x.k + b * kBlock;
-        __m256i low = dot4<F::kSigned>(w, xq), high = dot4<F::kSigned>(w + 4, xq + 16);
-        if (F::kSigned) {  // sum (q + 128) x, as the stored quants give it on the other paths
-          low = _mm256_add_epi32(low, _mm256_set1_epi32(128 * x.isum32[m * blocks + b]));
-        }
-        const __m256 step = _mm256_set1_ps(x.step[m * blocks + b]);
+        const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
+        const __m256i low = dot4<F::kSigned>(w, xq), high = dot4<F::kSigned>(w + 4, xq + 16);
+        const __m256 step = _mm256_set1_ps(x.step[m * x.row_blocks + b]);
         if (F::kHalves) {
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(s.scale[0], step), acc[r]);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(s.scale[1], step), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * (m * blocks + b)]), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * (m * blocks + b) + 1]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
         } else {
           const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
           acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[m * blocks + b]), acc[r]);
+          if constexpr (!F::kSigned) {  // Q8_0 (signed) has no offset: its dot is already sum q x
+            acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
+          }
         }
       }
     }
   }
-  const int64_t valid = cols - 8 * half;  // columns of this half to write (may be <= 0)
   for (int r = 0; r < kRows; ++r) {
     alignas(32) float v[8];
     _mm256_store_ps(v, acc[r]);
@@ -163,21 +165,21 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
 
 template <class F, int kRows>
 RADIXLM_AVX2 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
-                            int64_t cols, const float* bias) {
-  half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias);
-  if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias);
+                            int64_t cols, const float* bias, bool accumulate) {
+  half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+  if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
 }
 
 template <class F>
 RADIXLM_AVX2 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
-                              int64_t ld_out, int64_t cols, const float* bias) {
+                              int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   for (; rows >= kRowsPerChunk; rows -= kRowsPerChunk, m0 += kRowsPerChunk) {
-    tile_rows<F, kRowsPerChunk>(tile, x, m0, out, ld_out, cols, bias);
+    tile_rows<F, kRowsPerChunk>(tile, x, m0, out, ld_out, cols, bias, accumulate);
   }
   switch (rows) {
-    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias);
-    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias);
-    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias);
+    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias, accumulate);
     default: return;
   }
 }

@@ -1,7 +1,7 @@
 // The GGUF linear's AVX-512 VNNI kernels (gguf_kernels.h): a tile's 16 output rows are the 16 int32 lanes of a
 // register, and one vpdpbusd multiplies 4 weights of each row by 4 activation bytes broadcast to every lane, so a
-// K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset),
-// whatever the format. The unpacking of the quants (masks and shifts) is paid once per K-block for up to 8 rows.
+// K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset;
+// Q8_0 two, its offset taken back in int32 by starting the sum from it). The unpacking of the quants (masks and shifts) is paid once per K-block for up to 8 rows.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX512, isa.h), so the file builds whatever the build's -march, and runs
@@ -9,6 +9,11 @@
 
 #include "gguf_kernels.h"
 #include "isa.h"
+
+// GCC 12 reports the undefined pass-through operands inside its own AVX-512 intrinsics (the conversions, the
+// reductions) as uninitialized once they are inlined here: false positives of the header, not of this file.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <cmath>
 #include <limits>
@@ -53,14 +58,13 @@ struct Scales {
   __m512 scale[2], offset[2];
 };
 
-struct Q8_0 {
+struct Q8_0 {  // the stored q + 128's share of a dot product is taken back in int32 (offset32)
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = 544;
-  static constexpr bool kHalves = false;
+  static constexpr bool kHalves = false, kIntOffset = true;
   struct Meta { __m512 d; };
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super)}; }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int, Scales& s, __m512i* w) {
     s.scale[0] = m.d;
-    s.offset[0] = _mm512_mul_ps(_mm512_set1_ps(-128.f), m.d);
     for (int g = 0; g < 8; ++g) w[g] = _mm512_loadu_si512(super + 32 + 64 * g);
   }
 };
@@ -68,7 +72,7 @@ struct Q8_0 {
 template <bool kMin>
 struct Q4Legacy {  // Q4_0: w = d (q - 8); Q4_1: w = d q + m
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = kMin ? 320 : 288;
-  static constexpr bool kHalves = false;
+  static constexpr bool kHalves = false, kIntOffset = false;
   struct Meta { __m512 d, offset; };
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) {
     const __m512 d = halves16(super);
@@ -83,7 +87,7 @@ struct Q4Legacy {  // Q4_0: w = d (q - 8); Q4_1: w = d q + m
 
 struct Q4_K {  // w = (d scale_j) q - (dmin min_j)
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 2368;
-  static constexpr bool kHalves = false;
+  static constexpr bool kHalves = false, kIntOffset = false;
   struct Meta { __m512 d, dmin; };
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super), halves16(super + 32)}; }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
@@ -95,7 +99,7 @@ struct Q4_K {  // w = (d scale_j) q - (dmin min_j)
 
 struct Q6_K {  // w = (d scale) (q - 32), a scale per 16 weights
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
-  static constexpr bool kHalves = true;
+  static constexpr bool kHalves = true, kIntOffset = false;
   struct Meta { __m512 d; };
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super)}; }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
@@ -118,11 +122,14 @@ constexpr int64_t kPrefetchBytes = 2048;
 
 template <class F, int kRows>
 RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
-                              int64_t cols, const float* bias) {
+                              int64_t cols, const float* bias, bool accumulate) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
   const int64_t blocks = x.k / kBlock;
   __m512 acc[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+  for (int r = 0; r < kRows; ++r) {
+    acc[r] = accumulate ? _mm512_maskz_loadu_ps(mask, out + (m0 + r) * ld_out) : _mm512_setzero_ps();
+  }
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     const typename F::Meta meta = F::prepare(tile);
 #pragma GCC unroll 1
@@ -138,27 +145,33 @@ RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t
 #pragma GCC unroll 8  // the rows' accumulators stay in registers only when the loop is unrolled
       for (int r = 0; r < kRows; ++r) {
         const int64_t m = m0 + r;
-        const int8_t* xq = x.q + m * x.k + b * kBlock;
-        __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
-#pragma GCC unroll 4
-        for (int g = 0; g < 4; ++g) low = dpbusd_broadcast(low, w[g], xq + 4 * g);
-#pragma GCC unroll 4
-        for (int g = 4; g < 8; ++g) high = dpbusd_broadcast(high, w[g], xq + 4 * g);
-        const __m512 step = _mm512_set1_ps(x.step[m * blocks + b]);
-        if (F::kHalves) {
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
-          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * blocks + b)]), acc[r]);
-          acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * blocks + b) + 1]), acc[r]);
+        const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
+        const __m512 step = _mm512_set1_ps(x.step[m * x.row_blocks + b]);
+        if constexpr (F::kIntOffset) {  // one chain a row: the chunk's rows keep enough of them in flight
+          __m512i dot = _mm512_set1_epi32(x.offset32[m * x.row_blocks + b]);
+#pragma GCC unroll 8
+          for (int g = 0; g < 8; ++g) dot = dpbusd_broadcast(dot, w[g], xq + 4 * g);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s.scale[0], step), acc[r]);
         } else {
-          const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
-          acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s.scale[0], step), acc[r]);
-          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum32[m * blocks + b]), acc[r]);
+          __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int g = 0; g < 4; ++g) low = dpbusd_broadcast(low, w[g], xq + 4 * g);
+#pragma GCC unroll 4
+          for (int g = 4; g < 8; ++g) high = dpbusd_broadcast(high, w[g], xq + 4 * g);
+          if (F::kHalves) {
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
+            acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
+          } else {
+            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
+            acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s.scale[0], step), acc[r]);
+            acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
+          }
         }
       }
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
   const __m512 bias_v = bias ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
   for (int r = 0; r < kRows; ++r) {
     const __m512 v = bias ? _mm512_add_ps(acc[r], bias_v) : acc[r];
@@ -168,16 +181,16 @@ RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t
 
 template <class F>
 RADIXLM_AVX512 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
-                                int64_t ld_out, int64_t cols, const float* bias) {
+                                int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   switch (rows) {
-    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias);
-    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias);
-    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias);
-    case 4: return tile_rows<F, 4>(tile, x, m0, out, ld_out, cols, bias);
-    case 5: return tile_rows<F, 5>(tile, x, m0, out, ld_out, cols, bias);
-    case 6: return tile_rows<F, 6>(tile, x, m0, out, ld_out, cols, bias);
-    case 7: return tile_rows<F, 7>(tile, x, m0, out, ld_out, cols, bias);
-    default: return tile_rows<F, 8>(tile, x, m0, out, ld_out, cols, bias);
+    case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 4: return tile_rows<F, 4>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 5: return tile_rows<F, 5>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 6: return tile_rows<F, 6>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 7: return tile_rows<F, 7>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    default: return tile_rows<F, 8>(tile, x, m0, out, ld_out, cols, bias, accumulate);
   }
 }
 

@@ -30,22 +30,28 @@ constexpr TileFormat kTileFormats[] = {
 
 // Rows of activations quantized per K-block: q[m * k + i] int8, step[m * k / 32 + b] (the block's dequantization
 // step: absolute maximum / 127; 0 for a zero block, NaN for one holding NaN or inf), isum32[m * k / 32 + b] the
-// block's sum of q, sum32 = step * isum32, sum16[m * k / 16 + h] the same over each 16 values.
+// block's sum of q, offset32 = -128 * isum32 (what Q8_0's stored q + 128 adds to a dot product, to take back in
+// int32), sum32 = step * isum32, sum16[m * k / 16 + h] the same over each 16 values. A view may cover a slice of
+// the rows' K: then k is the slice's length, the pointers start at its first K-block, and row_blocks (the rows' K
+// over 32) is the stride of a row (q: row_blocks * 32 bytes; step and the sums: row_blocks entries, sum16 twice).
 struct Activations {
   const int8_t* q;
   const float* step;
   const int32_t* isum32;
+  const int32_t* offset32;
   const float* sum32;
   const float* sum16;
   int64_t k;
+  int64_t row_blocks;
 };
 
 // out[(m0 + r) * ld_out + c] = bias[c] + sum_k w[c][k] * x[m0 + r][k] for r < rows, c < cols (<= 16): one tile
-// (`tile`, the format's super-blocks over k) times rows m0 .. m0 + rows of the activations (dequantized: q * step).
-// bias may be null; rows <= kChunkRows.
+// (`tile`, the format's super-blocks over x's k) times rows m0 .. m0 + rows of the activations (dequantized:
+// q * step). bias may be null; rows <= kChunkRows. `accumulate`: out already holds the sums over the K before x's
+// slice, and the slice's blocks are added to them in order (so slicing K changes no bit of the result).
 constexpr int64_t kChunkRows = 8;
 using TileKernel = void (*)(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
-                            int64_t ld_out, int64_t cols, const float* bias);
+                            int64_t ld_out, int64_t cols, const float* bias, bool accumulate);
 
 TileKernel portable_kernel(int64_t type);
 TileKernel avx2_kernel(int64_t type);

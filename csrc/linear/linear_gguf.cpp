@@ -34,6 +34,9 @@ using radixlm_gguf::kChunkRows;
 using radixlm_gguf::kTileRows;
 
 constexpr int64_t kRowBlock = 128;
+// K per slice: a tile's slice (17 KB of Q8_0, 9 KB of Q4_K) stays in L1 while every chunk of a row block passes over
+// it. A multiple of every format's super-block (256), so slices start on super-block boundaries.
+constexpr int64_t kSliceK = 1024;
 constexpr int64_t kMaxParts = 8;  // a fused projection's parts of different formats (q/k/v: 3)
 
 const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
@@ -96,11 +99,12 @@ template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolved_path) {
   const int64_t blocks = m_dim * (k_dim / kBlock);
   // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
-  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, isum32; sum16
+  const int64_t words = 4 * blocks + 2 * blocks;  // step, sum32, isum32, offset32; sum16
   at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
   float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
-  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
+  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 4 * blocks;
   int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
+  int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 3 * blocks);
   int8_t* q = reinterpret_cast<int8_t*>(floats + words);
   const auto quantize =
       resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512 : quantize_block;
@@ -114,21 +118,24 @@ QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t re
         for (int64_t j = 0; j < kBlock; ++j) widened[j] = static_cast<float>(x[i * kBlock + j]);
       }
       quantize(values, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
+      offset32[i] = -128 * isum32[i];
     }
   });
-  return {buffer, {q, step, isum32, sum32, sum16, k_dim}};
+  return {buffer, {q, step, isum32, offset32, sum32, sum16, k_dim, k_dim / kBlock}};
 }
 
-// The activations from row `first` on, as a view whose row 0 is that row.
-radixlm_gguf::Activations rows_from(const radixlm_gguf::Activations& a, int64_t first) {
-  const int64_t blocks = a.k / kBlock;
-  return {a.q + first * a.k, a.step + first * blocks, a.isum32 + first * blocks, a.sum32 + first * blocks,
-          a.sum16 + 2 * first * blocks, a.k};
+// Rows from `first_row` on, K-blocks [first_block, first_block + num_blocks) of each, as a view whose row 0 and
+// block 0 are those.
+radixlm_gguf::Activations slice(const radixlm_gguf::Activations& a, int64_t first_row, int64_t first_block,
+                                int64_t num_blocks) {
+  const int64_t start = first_row * a.row_blocks + first_block;
+  return {a.q + start * kBlock, a.step + start, a.isum32 + start, a.offset32 + start, a.sum32 + start,
+          a.sum16 + 2 * start, num_blocks * kBlock, a.row_blocks};
 }
 
 struct Part {
   const uint8_t* tiles;
-  int64_t tile_bytes, out_features, first_tile, first_column;
+  int64_t tile_bytes, out_features, first_tile, first_column, super_weights, super_bytes;
   radixlm_gguf::TileKernel kernel;
 };
 
@@ -162,7 +169,7 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
                 format.name,
                 ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
     parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
-                     select_kernel(types[i], resolved_path)});
+                     format.super_weights, format.super_bytes(), select_kernel(types[i], resolved_path)});
     n_dim += out_features[i];
     num_tiles += part_tiles;
   }
@@ -207,7 +214,6 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
     float scratch[kRowBlock * kTileRows];
     for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
       const int64_t block_rows = std::min(kRowBlock, m_dim - row_block);
-      const radixlm_gguf::Activations block = rows_from(a, row_block);
       size_t p = 0;
       for (int64_t t = first; t < last; ++t) {
         while (t >= parts[p].first_tile + (parts[p].out_features + kTileRows - 1) / kTileRows) ++p;
@@ -218,9 +224,15 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
         const uint8_t* tile = part.tiles + local * part.tile_bytes;
         float* target = bf16_out ? scratch : out_float + row_block * n_dim + column;
         const int64_t ld_target = bf16_out ? kTileRows : n_dim;
-        for (int64_t m = 0; m < block_rows; m += kChunkRows) {
-          part.kernel(tile, block, m, std::min(kChunkRows, block_rows - m), target, ld_target, cols,
-                      bias_data ? bias_data + column : nullptr);
+        for (int64_t k0 = 0; k0 < k_dim; k0 += kSliceK) {  // each slice of the tile in L1 for all the rows
+          const int64_t k1 = std::min(k_dim, k0 + kSliceK);
+          const radixlm_gguf::Activations rows_k = slice(a, row_block, k0 / kBlock, (k1 - k0) / kBlock);
+          const uint8_t* tile_k = tile + k0 / part.super_weights * part.super_bytes;
+          const float* bias_k = bias_data && k1 == k_dim ? bias_data + column : nullptr;
+          for (int64_t m = 0; m < block_rows; m += kChunkRows) {
+            part.kernel(tile_k, rows_k, m, std::min(kChunkRows, block_rows - m), target, ld_target, cols, bias_k,
+                        k0 > 0);
+          }
         }
         if (bf16_out) {
           at::BFloat16* dst = out_bf16 + row_block * n_dim + column;

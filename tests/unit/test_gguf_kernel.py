@@ -25,9 +25,10 @@ def kernel_paths() -> list[int]:
 
 
 def shapes(ggml_type: int) -> list[tuple[int, int]]:
-    """(in, out): one and several super-blocks; whole, partial and single tiles of 16 rows."""
+    """(in, out): one and several super-blocks; whole, partial and single tiles of 16 rows; K in three slices of the
+    kernel's loop (1,024, 1,024, 512)."""
     block = BLOCK_FORMATS[ggml_type].block_weights
-    return [(block, 16), (2 * block, 5), (3 * max(block, 256), 37), (max(block, 256), 1)]
+    return [(block, 16), (2 * block, 5), (3 * max(block, 256), 37), (max(block, 256), 1), (2560, 17)]
 
 
 def reference(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bias: torch.Tensor | None = None):
