@@ -58,8 +58,9 @@ TileKernel avx2_kernel(int64_t type);
 TileKernel avx512_kernel(int64_t type);
 
 // One K-block of 32 activations quantized as linear_gguf.cpp's scalar quantize_block does (the same results), with
-// AVX-512; only where isa::cpu_has_avx512().
+// AVX-512 (only where isa::cpu_has_avx512()) or AVX2 (isa::cpu_has_avx2()).
 void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16);
+void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16);
 
 // Row `row` (< 16) of a tile, dequantized to `k` floats at `out` with the float operations of
 // radixlm.model.gguf_blocks.dequantize (so equal to it).

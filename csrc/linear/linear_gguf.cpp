@@ -106,8 +106,9 @@ QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t re
   int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
   int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 3 * blocks);
   int8_t* q = reinterpret_cast<int8_t*>(floats + words);
-  const auto quantize =
-      resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512 : quantize_block;
+  const auto quantize = resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512
+                        : resolved_path == radixlm::kGgufPathAvx2 ? radixlm_gguf::quantize_block_avx2
+                                                                  : quantize_block;
   at::parallel_for(0, blocks, 4096, [&](int64_t first, int64_t last) {
     float widened[kBlock];
     for (int64_t i = first; i < last; ++i) {

@@ -1,7 +1,7 @@
 """The GGUF kernel on bfloat16 activations (`--quantization gguf | q4_0 | q4_1 | q8_0 --dtype bfloat16`): the rows
 are widened exactly, quantized as float32 rows are and multiplied in float32, and only the output is rounded, so on
 every path it equals the float32 call on the same values rounded to bfloat16. The activations' quantization (scalar
-on the portable and AVX2 paths, AVX-512 on that path) gives every path the same bits, special values included."""
+on the portable path, AVX2 and AVX-512 on theirs) gives every path the same bits, special values included."""
 
 import pytest
 import torch
