@@ -140,22 +140,19 @@ struct Part {
   radixlm_gguf::TileKernel kernel;
 };
 
-}  // namespace
+int64_t num_part_tiles(const Part& part) { return (part.out_features + kTileRows - 1) / kTileRows; }
 
-at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArrayRef types,
-                                at::IntArrayRef out_features, const c10::optional<at::Tensor>& bias, int64_t path) {
+// The parts, checked against x's k_dim, with their kernels for the path; n_dim gets their output features in all.
+c10::SmallVector<Part, kMaxParts> collect_parts(at::TensorList tiles, at::IntArrayRef types,
+                                                at::IntArrayRef out_features, int64_t k_dim, int64_t resolved_path,
+                                                int64_t& n_dim) {
   TORCH_CHECK(!tiles.empty() && static_cast<int64_t>(tiles.size()) <= kMaxParts, "gguf_linear takes 1 to ",
               kMaxParts, " parts, got ", tiles.size());
   TORCH_CHECK(types.size() == tiles.size() && out_features.size() == tiles.size(),
               "gguf_linear: tiles, types and out_features must have one entry per part");
-  radixlm::check_dense_cpu(input, "x");
-  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
-              "x must be float32 or bfloat16, got ", input.scalar_type());
-  TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
-  const int64_t k_dim = input.size(-1);
-  const int64_t resolved_path = resolve_path(path);
   c10::SmallVector<Part, kMaxParts> parts;
-  int64_t n_dim = 0, num_tiles = 0;
+  int64_t num_tiles = 0;
+  n_dim = 0;
   for (size_t i = 0; i < tiles.size(); ++i) {
     const radixlm_gguf::TileFormat& format = find_format(types[i]);
     TORCH_CHECK(k_dim > 0 && k_dim % format.super_weights == 0, "gguf_linear: ", format.name,
@@ -174,6 +171,41 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
     n_dim += out_features[i];
     num_tiles += part_tiles;
   }
+  return parts;
+}
+
+// Tile `local` of `part` times `block_rows` rows of `rows` (a row block's view), K slice by slice so that each slice
+// of the tile stays in L1 while every chunk of rows passes over it. out: the tile's first column of the block's first
+// row, rows ld_out apart; bias: the tile's, or null.
+void multiply_tile(const Part& part, int64_t local, const radixlm_gguf::Activations& rows, int64_t block_rows,
+                   float* out, int64_t ld_out, const float* bias) {
+  const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
+  const uint8_t* tile = part.tiles + local * part.tile_bytes;
+  const int64_t k_dim = rows.k;
+  for (int64_t k0 = 0; k0 < k_dim; k0 += kSliceK) {
+    const int64_t k1 = std::min(k_dim, k0 + kSliceK);
+    const radixlm_gguf::Activations rows_k = slice(rows, 0, k0 / kBlock, (k1 - k0) / kBlock);
+    const uint8_t* tile_k = tile + k0 / part.super_weights * part.super_bytes;
+    const float* bias_k = k1 == k_dim ? bias : nullptr;  // once, with the last slice
+    for (int64_t m = 0; m < block_rows; m += kChunkRows) {
+      part.kernel(tile_k, rows_k, m, std::min(kChunkRows, block_rows - m), out, ld_out, cols, bias_k, k0 > 0);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArrayRef types,
+                                at::IntArrayRef out_features, const c10::optional<at::Tensor>& bias, int64_t path) {
+  radixlm::check_dense_cpu(input, "x");
+  TORCH_CHECK(input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, got ", input.scalar_type());
+  TORCH_CHECK(input.dim() >= 1, "x must have a feature dimension");
+  const int64_t k_dim = input.size(-1);
+  const int64_t resolved_path = resolve_path(path);
+  int64_t n_dim = 0;
+  const c10::SmallVector<Part, kMaxParts> parts = collect_parts(tiles, types, out_features, k_dim, resolved_path,
+                                                                n_dim);
   if (bias.has_value()) {
     radixlm::check_dense_float_cpu(*bias, "bias");
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n_dim && bias->is_contiguous(),
@@ -186,7 +218,6 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   const bool bf16_out = x.scalar_type() == at::kBFloat16;
   const QuantizedRows rows = bf16_out ? quantize_rows(x.data_ptr<at::BFloat16>(), m_dim, k_dim, resolved_path)
                                       : quantize_rows(x.data_ptr<float>(), m_dim, k_dim, resolved_path);
-  const radixlm_gguf::Activations& a = rows.view;
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* out_float = bf16_out ? nullptr : out.data_ptr<float>();
   at::BFloat16* out_bf16 = bf16_out ? out.data_ptr<at::BFloat16>() : nullptr;
@@ -194,52 +225,42 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   // sizes, and at one row the bytes are the time), each reading at least kGrainBytes per row it serves: a small
   // layer stays on one thread.
   int64_t total_bytes = 0;
-  for (const Part& part : parts) total_bytes += (part.out_features + kTileRows - 1) / kTileRows * part.tile_bytes;
+  for (const Part& part : parts) total_bytes += num_part_tiles(part) * part.tile_bytes;
   const int64_t work = total_bytes * std::min(m_dim, kRowBlock);
   const int64_t num_tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / radixlm::kGrainBytes));
   // The first tile whose bytes start at or after `offset`.
   auto tile_at = [&](int64_t offset) {
     for (const Part& part : parts) {
-      const int64_t part_tiles = (part.out_features + kTileRows - 1) / kTileRows;
-      if (offset < part_tiles * part.tile_bytes) {
+      if (offset < num_part_tiles(part) * part.tile_bytes) {
         return part.first_tile + (offset + part.tile_bytes - 1) / part.tile_bytes;
       }
-      offset -= part_tiles * part.tile_bytes;
+      offset -= num_part_tiles(part) * part.tile_bytes;
     }
-    return num_tiles;
+    return parts.back().first_tile + num_part_tiles(parts.back());
   };
   at::parallel_for(0, num_tasks, 1, [&](int64_t first_task, int64_t last_task) {
     const int64_t first = tile_at(total_bytes * first_task / num_tasks);
     const int64_t last = tile_at(total_bytes * last_task / num_tasks);
-    // A bfloat16 output goes through a float32 tile of the row block (in L1), rounded as it is copied out.
-    float scratch[kRowBlock * kTileRows];
+    float scratch[kRowBlock * kTileRows];  // a bfloat16 output's float32 sums, rounded as they are copied out
     for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
       const int64_t block_rows = std::min(kRowBlock, m_dim - row_block);
+      const radixlm_gguf::Activations block = slice(rows.view, row_block, 0, k_dim / kBlock);
       size_t p = 0;
       for (int64_t t = first; t < last; ++t) {
-        while (t >= parts[p].first_tile + (parts[p].out_features + kTileRows - 1) / kTileRows) ++p;
+        while (t >= parts[p].first_tile + num_part_tiles(parts[p])) ++p;
         const Part& part = parts[p];
         const int64_t local = t - part.first_tile;
         const int64_t column = part.first_column + local * kTileRows;
-        const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
-        const uint8_t* tile = part.tiles + local * part.tile_bytes;
-        float* target = bf16_out ? scratch : out_float + row_block * n_dim + column;
-        const int64_t ld_target = bf16_out ? kTileRows : n_dim;
-        for (int64_t k0 = 0; k0 < k_dim; k0 += kSliceK) {  // each slice of the tile in L1 for all the rows
-          const int64_t k1 = std::min(k_dim, k0 + kSliceK);
-          const radixlm_gguf::Activations rows_k = slice(a, row_block, k0 / kBlock, (k1 - k0) / kBlock);
-          const uint8_t* tile_k = tile + k0 / part.super_weights * part.super_bytes;
-          const float* bias_k = bias_data && k1 == k_dim ? bias_data + column : nullptr;
-          for (int64_t m = 0; m < block_rows; m += kChunkRows) {
-            part.kernel(tile_k, rows_k, m, std::min(kChunkRows, block_rows - m), target, ld_target, cols, bias_k,
-                        k0 > 0);
-          }
+        const float* tile_bias = bias_data ? bias_data + column : nullptr;
+        if (!bf16_out) {
+          multiply_tile(part, local, block, block_rows, out_float + row_block * n_dim + column, n_dim, tile_bias);
+          continue;
         }
-        if (bf16_out) {
-          at::BFloat16* dst = out_bf16 + row_block * n_dim + column;
-          for (int64_t r = 0; r < block_rows; ++r) {
-            for (int64_t c = 0; c < cols; ++c) dst[r * n_dim + c] = at::BFloat16(scratch[r * kTileRows + c]);
-          }
+        multiply_tile(part, local, block, block_rows, scratch, kTileRows, tile_bias);
+        const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
+        at::BFloat16* dst = out_bf16 + row_block * n_dim + column;
+        for (int64_t r = 0; r < block_rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) dst[r * n_dim + c] = at::BFloat16(scratch[r * kTileRows + c]);
         }
       }
     }
