@@ -1,7 +1,8 @@
 // The GGUF linear's AVX-512 VNNI kernels (gguf_kernels.h): a tile's 16 output rows are the 16 int32 lanes of a
 // register, and one vpdpbusd multiplies 4 weights of each row by 4 activation bytes broadcast to every lane, so a
 // K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset;
-// Q8_0 two, its offset taken back in int32 by starting the sum from it). The unpacking of the quants (masks and shifts) is paid once per K-block for up to 8 rows.
+// Q8_0 two, its offset taken back in int32 by starting the sum from it). The unpacking of the quants (masks and
+// shifts) is paid once per K-block for up to 8 rows.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX512, isa.h), so the file builds whatever the build's -march, and runs
@@ -147,25 +148,22 @@ RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t
         const int64_t m = m0 + r;
         const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
         const __m512 step = _mm512_set1_ps(x.step[m * x.row_blocks + b]);
-        if constexpr (F::kIntOffset) {  // one chain a row: the chunk's rows keep enough of them in flight
-          __m512i dot = _mm512_set1_epi32(x.offset32[m * x.row_blocks + b]);
-#pragma GCC unroll 8
-          for (int g = 0; g < 8; ++g) dot = dpbusd_broadcast(dot, w[g], xq + 4 * g);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s.scale[0], step), acc[r]);
-        } else {
+        if constexpr (F::kHalves) {  // two sums, each with its own scale and offset
           __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g) low = dpbusd_broadcast(low, w[g], xq + 4 * g);
 #pragma GCC unroll 4
           for (int g = 4; g < 8; ++g) high = dpbusd_broadcast(high, w[g], xq + 4 * g);
-          if (F::kHalves) {
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
-            acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
-            acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
-          } else {
-            const __m512 dot = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
-            acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
+          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
+          acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
+        } else {  // one sum a row (the chunk's rows keep enough of them in flight), Q8_0's started from its offset
+          __m512i dot = F::kIntOffset ? _mm512_set1_epi32(x.offset32[m * x.row_blocks + b]) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+          for (int g = 0; g < 8; ++g) dot = dpbusd_broadcast(dot, w[g], xq + 4 * g);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s.scale[0], step), acc[r]);
+          if constexpr (!F::kIntOffset) {
             acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
           }
         }
