@@ -194,7 +194,7 @@ RADIXLM_AVX2 inline int32_t sum8(__m256i v) {  // exact in any order
 }
 
 // quantize_block_avx2 (gguf_kernels.h): the scalar quantize_block's operations on 8 lanes, as the AVX-512 version.
-RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32,
+RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
                                            float* sum16) {
   __m256 v[4], top8 = _mm256_setzero_ps();
   int below_inf = 0xff;
@@ -222,16 +222,17 @@ RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* ste
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
   const int32_t halves[2] = {sum8(_mm256_add_epi32(n[0], n[1])), sum8(_mm256_add_epi32(n[2], n[3]))};
   *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  *isum32 = halves[0] + halves[1];
-  *sum32 = *step * static_cast<float>(*isum32);
+  const int32_t sum = halves[0] + halves[1];
+  *offset32 = -128 * sum;
+  *sum32 = *step * static_cast<float>(sum);
   sum16[0] = *step * static_cast<float>(halves[0]);
   sum16[1] = *step * static_cast<float>(halves[1]);
 }
 
 }  // namespace
 
-void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16) {
-  quantize_block_avx2_impl(x, q, step, isum32, sum32, sum16);
+void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
+  quantize_block_avx2_impl(x, q, step, offset32, sum32, sum16);
 }
 
 TileKernel avx2_kernel(int64_t type) {

@@ -194,7 +194,7 @@ RADIXLM_AVX512 void tile_kernel(const uint8_t* tile, const Activations& x, int64
 
 // quantize_block_avx512 (gguf_kernels.h): the scalar quantize_block's operations on 16 lanes. The maximum and the
 // integer sums are exact in any order, and the conversion rounds half to even like nearbyint (MXCSR's default mode).
-RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32,
+RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
                                                float* sum16) {
   const __m512 half[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
   const __m512 magnitude[2] = {_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])};
@@ -213,16 +213,17 @@ RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float*
     halves[h] = _mm512_reduce_add_epi32(v);
   }
   *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  *isum32 = halves[0] + halves[1];
-  *sum32 = *step * static_cast<float>(*isum32);
+  const int32_t sum = halves[0] + halves[1];
+  *offset32 = -128 * sum;
+  *sum32 = *step * static_cast<float>(sum);
   sum16[0] = *step * static_cast<float>(halves[0]);
   sum16[1] = *step * static_cast<float>(halves[1]);
 }
 
 }  // namespace
 
-void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16) {
-  quantize_block_avx512_impl(x, q, step, isum32, sum32, sum16);
+void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
+  quantize_block_avx512_impl(x, q, step, offset32, sum32, sum16);
 }
 
 TileKernel avx512_kernel(int64_t type) {

@@ -71,7 +71,7 @@ struct QuantizedRows {
 };
 
 // One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
-void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, float* sum32, float* sum16) {
+void quantize_block(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
   float top = 0.f;
   bool finite = true;
   for (int i = 0; i < kBlock; ++i) {
@@ -87,8 +87,9 @@ void quantize_block(const float* x, int8_t* q, float* step, int32_t* isum32, flo
     halves[i / 16] += v;
   }
   *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  *isum32 = halves[0] + halves[1];
-  *sum32 = *step * static_cast<float>(*isum32);
+  const int32_t sum = halves[0] + halves[1];
+  *offset32 = -128 * sum;
+  *sum32 = *step * static_cast<float>(sum);
   sum16[0] = *step * static_cast<float>(halves[0]);
   sum16[1] = *step * static_cast<float>(halves[1]);
 }
@@ -99,12 +100,11 @@ template <typename T>
 QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolved_path) {
   const int64_t blocks = m_dim * (k_dim / kBlock);
   // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
-  const int64_t words = 4 * blocks + 2 * blocks;  // step, sum32, isum32, offset32; sum16
+  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, offset32; sum16
   at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
   float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
-  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 4 * blocks;
-  int32_t* isum32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
-  int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 3 * blocks);
+  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
+  int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
   int8_t* q = reinterpret_cast<int8_t*>(floats + words);
   const auto quantize = resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512
                         : resolved_path == radixlm::kGgufPathAvx2 ? radixlm_gguf::quantize_block_avx2
@@ -118,11 +118,10 @@ QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t re
       } else {
         for (int64_t j = 0; j < kBlock; ++j) widened[j] = static_cast<float>(x[i * kBlock + j]);
       }
-      quantize(values, q + i * kBlock, step + i, isum32 + i, sum32 + i, sum16 + 2 * i);
-      offset32[i] = -128 * isum32[i];
+      quantize(values, q + i * kBlock, step + i, offset32 + i, sum32 + i, sum16 + 2 * i);
     }
   });
-  return {buffer, {q, step, isum32, offset32, sum32, sum16, k_dim, k_dim / kBlock}};
+  return {buffer, {q, step, offset32, sum32, sum16, k_dim, k_dim / kBlock}};
 }
 
 // Rows from `first_row` on, K-blocks [first_block, first_block + num_blocks) of each, as a view whose row 0 and
@@ -130,7 +129,7 @@ QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t re
 radixlm_gguf::Activations slice(const radixlm_gguf::Activations& a, int64_t first_row, int64_t first_block,
                                 int64_t num_blocks) {
   const int64_t start = first_row * a.row_blocks + first_block;
-  return {a.q + start * kBlock, a.step + start, a.isum32 + start, a.offset32 + start, a.sum32 + start,
+  return {a.q + start * kBlock, a.step + start, a.offset32 + start, a.sum32 + start,
           a.sum16 + 2 * start, num_blocks * kBlock, a.row_blocks};
 }
 
