@@ -24,8 +24,10 @@ from radixlm.model.bf16_linear import DOT, PACKED, Bf16Linear, DotPackedLinear, 
 
 
 def prepacking_available() -> bool:
-    """oneDNN is built into this PyTorch and enabled."""
-    return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    """oneDNN is built into this PyTorch, enabled, and takes bfloat16 on this CPU (its reorder refuses CPUs without
+    AVX-512 BW/VL/DQ or AVX-NE-CONVERT, such as an AVX2-only Zen 3: there `F.linear` keeps its converting path)."""
+    return (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PrepackedLinear(nn.Module):
