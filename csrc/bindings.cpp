@@ -1,4 +1,5 @@
-// radixlm._C's one bindings file: every op of the extension is registered here, nowhere else.
+// The extension's one bindings file (in both of its builds, radixlm._C and radixlm._C_avx512): every op is
+// registered here, nowhere else.
 //
 // - The dispatcher ops, torch.ops.radixlm.* (schemas and CPU kernels below): what torch.compile and autograd-aware
 //   callers use, and the reference the tests hold the direct entry points to. radixlm/model/ops.py registers a fake
@@ -310,7 +311,14 @@ PyMethodDef methods[] = {
 
 }  // namespace
 
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
+// The module is named after its build (setup.py's VARIANTS: _C, _C_avx512), which torch's BuildExtension passes as
+// TORCH_EXTENSION_NAME; Python finds it by the PyInit_ function of that name.
+#define RADIXLM_JOIN(a, b) a##b
+#define RADIXLM_INIT_FUNCTION(name) RADIXLM_JOIN(PyInit_, name)
+#define RADIXLM_QUOTE(name) #name
+#define RADIXLM_NAME_STRING(name) RADIXLM_QUOTE(name)
+
+extern "C" PyObject* RADIXLM_INIT_FUNCTION(TORCH_EXTENSION_NAME)(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, RADIXLM_NAME_STRING(TORCH_EXTENSION_NAME), nullptr, -1, methods};
   return PyModule_Create(&module);
 }

@@ -1,8 +1,9 @@
 // The x86 instruction sets the kernels use, named in one place. A kernel picks its code in one of two ways:
 //
-// - at build time: setup.py compiles with -march=native (the extension is built on the machine that runs it), and a
-//   kernel tests RADIXLM_BUILD_AVX512 or RADIXLM_BUILD_AVX512_VNNI with `#if`, keeping a portable loop for the other
-//   case (the paged attention, the int8 linear, the int8 row maximum);
+// - at build time: setup.py compiles every source twice, for AVX2 (radixlm._C: -march=x86-64-v3) and for AVX-512
+//   VNNI/BF16 (radixlm._C_avx512), and radixlm/model/ops.py loads the build the CPU runs; a kernel tests
+//   RADIXLM_BUILD_AVX512 or RADIXLM_BUILD_AVX512_VNNI with `#if`, keeping a portable loop (vectorized for AVX2) for
+//   the other case (the paged attention, the int8 linear, the int8 row maximum);
 // - at run time: a kernel that must serve every x86 CPU from one build (the GGUF linear, whose paths the tests run
 //   side by side) marks each function with RADIXLM_AVX2 or RADIXLM_AVX512 (VNNI included), so its file builds
 //   whatever the -march, and calls it only when isa::cpu_has_avx2() or isa::cpu_has_avx512() says the CPU can.

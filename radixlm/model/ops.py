@@ -1,9 +1,18 @@
-"""The C++ extension `radixlm._C` (built from csrc/ by setup.py): loading it, and the fake kernels of its ops.
+"""The C++ extension (built from csrc/ by setup.py): choosing its build for this CPU, loading it, and the fake kernels
+of its ops.
+
+setup.py builds the same sources twice: `radixlm._C` for AVX2 CPUs (x86-64-v3: AVX2, FMA, F16C) and
+`radixlm._C_avx512` for CPUs with AVX-512 VNNI and BF16 (Zen 4 and later, Xeons from Cooper Lake), so one install
+runs on either; the kernels that test the build's instruction set (`#if RADIXLM_BUILD_AVX512` in csrc/isa.h) get their
+AVX-512 code only in the second. `kernel_isa()` says which one this process loads: the AVX-512 one where the CPU has
+what it was built for, else the AVX2 one; a CPU without AVX2 loads neither. RADIXLM_KERNEL_ISA=avx2 forces the AVX2
+build on any CPU (to compare the two, or to test the AVX2 build on an AVX-512 machine). Kernels that choose their
+path at run time (the GGUF and bfloat16 linears: csrc/isa.h) do so in either build.
 
 Every caller of `torch.ops.radixlm.*` or of the extension's direct entry points goes through this module:
 `extension_error()` (or `kernels_available()`) first, which imports the extension once and registers a fake kernel
 for each of its ops, so `torch.compile` treats them as opaque; then `torch.ops.radixlm.<op>` or `direct_kernel(name)`.
-Without the extension (RADIXLM_NO_EXT=1, or a failed build) every caller keeps its PyTorch path.
+Without the extension (RADIXLM_NO_EXT=1, a failed build, a CPU without AVX2) every caller keeps its PyTorch path.
 
 The ops (csrc/bindings.cpp registers them all): `paged_decode_attention` and `write_kv` (csrc/attention/),
 `small_batch_linear`, `small_batch_int8_linear`, `int8_normalize_rows`, `int8_rescale_rows_`, `amx_bf16_linear`,
@@ -12,23 +21,57 @@ The ops (csrc/bindings.cpp registers them all): `paged_decode_attention` and `wr
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Callable
 from functools import cache
+from types import ModuleType
 
 import torch
+
+KERNEL_ISA_VARIABLE = "RADIXLM_KERNEL_ISA"
+# Build name -> the extension module built for it (setup.py's VARIANTS).
+EXTENSION_MODULES = {"avx512": "radixlm._C_avx512", "avx2": "radixlm._C"}
+
+
+@cache
+def kernel_isa() -> str | None:
+    """"avx512" or "avx2": the extension build this CPU runs (see the module docstring), or None without AVX2.
+    Reads the CPU through PyTorch's cpuinfo (the CPUID instruction, as the kernels' own checks do)."""
+    forced = os.environ.get(KERNEL_ISA_VARIABLE, "")
+    if forced not in ("", "avx2"):
+        raise ValueError(f"{KERNEL_ISA_VARIABLE} must be unset or 'avx2', got {forced!r}")
+    cpu = torch.cpu
+    if not cpu._is_avx2_supported():
+        return None
+    if (not forced and cpu._is_avx512_supported() and cpu._is_vnni_supported()
+            and cpu._is_avx512_bf16_supported()):
+        return "avx512"
+    return "avx2"
 
 
 @cache
 def extension_error() -> str | None:
     """None when the extension imports (its ops are then registered, each with a fake kernel), else why it does
     not. Imports it on the first call only."""
+    isa = kernel_isa()
+    if isa is None:
+        return "this CPU has no AVX2, which every build of radixlm's C++ kernels needs"
     try:
-        import radixlm._C  # noqa: F401  (importing registers torch.ops.radixlm.*)
+        importlib.import_module(EXTENSION_MODULES[isa])  # importing registers torch.ops.radixlm.*
     except ImportError as error:
         return str(error)
     for name, fake in _FAKE_KERNELS:
         torch.library.register_fake(f"radixlm::{name}")(fake)
     return None
+
+
+def extension() -> ModuleType:
+    """The extension module this CPU runs (see `kernel_isa`). Needs it built (see `extension_error`)."""
+    error = extension_error()
+    if error is not None:
+        raise RuntimeError(f"radixlm's C++ kernels are not available: {error}")
+    return importlib.import_module(EXTENSION_MODULES[kernel_isa() or "avx2"])
 
 
 def kernels_available() -> bool:
@@ -45,9 +88,7 @@ def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     pad_rows=True; "decode_attention": one decode layer, see
     `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"; "amx_bf16_available";
     "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
-    import radixlm._C
-
-    return getattr(radixlm._C, name)
+    return getattr(extension(), name)
 
 
 def _fake_same_shape(query: torch.Tensor, *args: object) -> torch.Tensor:

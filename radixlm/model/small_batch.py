@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.ops import direct_kernel, extension_error, kernels_available
+from radixlm.model.ops import direct_kernel, extension_error, kernel_isa, kernels_available
 
 MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
 # The int8 kernel's limit (csrc/linear/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
@@ -39,14 +39,10 @@ HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 
 
 def int8_kernel_is_vectorized() -> bool:
-    """True on CPUs with AVX-512 VNNI, which the int8 kernel is written for (the extension is built with
-    -march=native on the machine that runs it). Elsewhere it falls back to a plain loop, slower than fbgemm, so the
-    int8 linears stay on fbgemm there."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in cpuinfo)
-    except OSError:
-        return False
+    """True where the extension's AVX-512 build runs (`radixlm.model.ops.kernel_isa`): the int8 kernel is written for
+    AVX-512 VNNI. Elsewhere it falls back to a plain loop, slower than fbgemm, so the int8 linears stay on fbgemm
+    there."""
+    return kernel_isa() == "avx512"
 
 
 class SmallBatchLinear(nn.Linear):

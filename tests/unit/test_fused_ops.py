@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from radixlm.model.fused_ops import FusedGatedMLP, FusedRMSNorm, fuse_small_ops
-from radixlm.model.ops import extension_error
+from radixlm.model.ops import extension, extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
 
@@ -68,19 +68,18 @@ def fuse_small_ops_of(norm: torch.nn.Module) -> FusedRMSNorm:
 
 @needs_extension
 def test_cpp_norm_refuses_bad_arguments():
-    import radixlm._C
-
+    kernels = extension()
     weight = torch.randn(16)
     with pytest.raises(RuntimeError, match="weight must be contiguous"):
-        radixlm._C.rms_norm(torch.randn(2, 15), weight, 1e-6)
+        kernels.rms_norm(torch.randn(2, 15), weight, 1e-6)
     with pytest.raises(RuntimeError, match="float32"):
-        radixlm._C.rms_norm(torch.randn(2, 16, dtype=torch.float64), weight, 1e-6)
+        kernels.rms_norm(torch.randn(2, 16, dtype=torch.float64), weight, 1e-6)
     with pytest.raises(RuntimeError, match="dense CPU tensor"):
-        radixlm._C.rms_norm(torch.randn(2, 16, device="meta"), weight, 1e-6)
+        kernels.rms_norm(torch.randn(2, 16, device="meta"), weight, 1e-6)
     with pytest.raises(TypeError):
-        radixlm._C.rms_norm(torch.randn(2, 16), weight, "eps")
+        kernels.rms_norm(torch.randn(2, 16), weight, "eps")
     with pytest.raises(TypeError, match="3 arguments"):
-        radixlm._C.rms_norm(torch.randn(2, 16), weight)
+        kernels.rms_norm(torch.randn(2, 16), weight)
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     norm = fuse_small_ops_of(LlamaRMSNorm(16))
@@ -94,7 +93,7 @@ def test_cpp_norm_refuses_bad_arguments():
 def test_cpp_rotary_is_bit_identical_to_transformers(head_dim):
     """radixlm._C's rotary embedding equals transformers' `apply_rotary_pos_emb` bit for bit, on the strided
     [B, H, T, D] view of a fused q/k/v projection, at one token and at a prefill's 300."""
-    import radixlm._C
+    kernels = extension()
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     torch.manual_seed(head_dim)
@@ -106,28 +105,27 @@ def test_cpp_rotary_is_bit_identical_to_transformers(head_dim):
             angles = torch.cat((angles, angles), dim=-1)
             cos, sin = angles.cos(), angles.sin()
             expected, _ = apply_rotary_pos_emb(query_key, query_key, cos, sin)
-            actual = radixlm._C.rotary(query_key, cos, sin)
+            actual = kernels.rotary(query_key, cos, sin)
             assert actual.shape == expected.shape and torch.equal(actual, expected)
             assert torch.equal(torch.ops.radixlm.rotary(query_key, cos, sin), expected)
     pair = torch.randn(2, 3, 5, head_dim)  # two sequences, one set of positions broadcast over both
     expected, _ = apply_rotary_pos_emb(pair, pair, cos[:, :5], sin[:, :5])
-    assert torch.equal(radixlm._C.rotary(pair, cos[:, :5], sin[:, :5]), expected)
+    assert torch.equal(kernels.rotary(pair, cos[:, :5], sin[:, :5]), expected)
 
 
 @needs_extension
 def test_cpp_rotary_refuses_bad_arguments():
-    import radixlm._C
-
+    kernels = extension()
     query_key, cos = torch.randn(1, 3, 4, 8), torch.randn(1, 4, 8)
     with pytest.raises(RuntimeError, match="cos and sin"):
-        radixlm._C.rotary(query_key, cos, torch.randn(1, 5, 8))
+        kernels.rotary(query_key, cos, torch.randn(1, 5, 8))
     with pytest.raises(RuntimeError, match="even"):
-        radixlm._C.rotary(torch.randn(1, 3, 4, 7), torch.randn(1, 4, 7), torch.randn(1, 4, 7))
+        kernels.rotary(torch.randn(1, 3, 4, 7), torch.randn(1, 4, 7), torch.randn(1, 4, 7))
     with pytest.raises(RuntimeError, match="D contiguous"):
-        radixlm._C.rotary(torch.randn(1, 3, 8, 4).transpose(2, 3), cos, cos)
+        kernels.rotary(torch.randn(1, 3, 8, 4).transpose(2, 3), cos, cos)
     with pytest.raises(RuntimeError, match="dense CPU tensor"):
-        radixlm._C.rotary(query_key.to("meta"), cos, cos)
+        kernels.rotary(query_key.to("meta"), cos, cos)
     with pytest.raises(RuntimeError, match="float32"):
-        radixlm._C.rotary(query_key.double(), cos, cos)
+        kernels.rotary(query_key.double(), cos, cos)
     with pytest.raises(TypeError, match="must be a tensor"):
-        radixlm._C.rotary(query_key, cos, None)
+        kernels.rotary(query_key, cos, None)

@@ -10,7 +10,7 @@ from gguf_files import random_blocks
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_linear import PATH_AVX2, PATH_AVX512, PATH_BEST, PATH_PORTABLE, GGUFLinear, WeightPart
 from radixlm.model.gguf_tiles import pack_tiles, quantize_activations, tile_bytes
-from radixlm.model.ops import extension_error
+from radixlm.model.ops import extension, extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None,
                                      reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
@@ -19,9 +19,8 @@ NAMES = [BLOCK_FORMATS[t].name for t in TYPES]
 
 
 def kernel_paths() -> list[int]:
-    import radixlm._C
-
-    return radixlm._C.gguf_linear_paths()
+    kernels = extension()
+    return kernels.gguf_linear_paths()
 
 
 def shapes(ggml_type: int) -> list[tuple[int, int]]:
@@ -46,14 +45,13 @@ def test_paths_of_this_cpu():
 @needs_extension
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
 def test_tiles_hold_the_files_weights_exactly(ggml_type):
-    import radixlm._C
-
+    kernels = extension()
     for in_features, out_features in shapes(ggml_type):
         blocks = random_blocks(ggml_type, out_features, in_features, seed=in_features + out_features)
         tiles = pack_tiles(blocks, ggml_type, in_features)
         assert tiles.shape == (-(-out_features // 16), tile_bytes(ggml_type, in_features))
         ids = torch.arange(out_features)
-        rows = radixlm._C.gguf_rows(tiles, ggml_type, in_features, out_features, ids)
+        rows = kernels.gguf_rows(tiles, ggml_type, in_features, out_features, ids)
         assert torch.equal(rows, dequantize(blocks, ggml_type, in_features))
         picked = torch.tensor([out_features - 1, 0, out_features - 1])
         assert torch.equal(torch.ops.radixlm.gguf_rows(tiles, ggml_type, in_features, out_features, picked),
@@ -79,8 +77,7 @@ def test_activations_are_quantized_per_32_values():
 @needs_extension
 @pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
 def test_every_path_is_bit_identical_and_matches_the_reference(ggml_type):
-    import radixlm._C
-
+    kernels = extension()
     torch.manual_seed(ggml_type)  # seed 171 once found a rounding tie (x / step = 60.5) the reference got wrong
     for in_features, out_features in shapes(ggml_type):
         blocks = random_blocks(ggml_type, out_features, in_features, seed=in_features + out_features)
@@ -90,7 +87,7 @@ def test_every_path_is_bit_identical_and_matches_the_reference(ggml_type):
         for num_rows in (1, 2, 3, 7, 8, 9, 17, 20):
             for b in (None, bias):
                 expected = reference(x[:num_rows], blocks, ggml_type, b)
-                outs = [radixlm._C.gguf_linear(x[:num_rows], [tiles], [ggml_type], [out_features], b, path)
+                outs = [kernels.gguf_linear(x[:num_rows], [tiles], [ggml_type], [out_features], b, path)
                         for path in [PATH_BEST, *kernel_paths()]]
                 for out in outs[1:]:
                     assert torch.equal(out, outs[0])
@@ -99,37 +96,35 @@ def test_every_path_is_bit_identical_and_matches_the_reference(ggml_type):
         x3 = x[:6].reshape(2, 3, in_features)  # leading dimensions kept; the op and the direct entry agree
         out = torch.ops.radixlm.gguf_linear(x3, [tiles], [ggml_type], [out_features], bias)
         assert out.shape == (2, 3, out_features)
-        assert torch.equal(out, radixlm._C.gguf_linear(x3, [tiles], [ggml_type], [out_features], bias))
+        assert torch.equal(out, kernels.gguf_linear(x3, [tiles], [ggml_type], [out_features], bias))
 
 
 @needs_extension
 def test_a_rows_result_does_not_depend_on_the_other_rows():
     """Decode rows, prefill chunks past a row block (128) and lone rows give the same bits for the same row."""
-    import radixlm._C
-
+    kernels = extension()
     blocks = random_blocks(12, 40, 512, seed=3)
     tiles = pack_tiles(blocks, 12, 512)
     x = torch.randn(300, 512, generator=torch.Generator().manual_seed(0))
     x[7] = float("nan")  # a poisoned row poisons only itself
     x[8] = 0.0
-    batched = radixlm._C.gguf_linear(x, [tiles], [12], [40], None)
+    batched = kernels.gguf_linear(x, [tiles], [12], [40], None)
     for row in (0, 6, 8, 127, 128, 129, 299):
-        assert torch.equal(radixlm._C.gguf_linear(x[row:row + 1], [tiles], [12], [40], None), batched[row:row + 1])
+        assert torch.equal(kernels.gguf_linear(x[row:row + 1], [tiles], [12], [40], None), batched[row:row + 1])
     assert batched[7].isnan().all() and not batched[torch.arange(300) != 7].isnan().any()
     assert torch.equal(batched[8], torch.zeros(40))
 
 
 @needs_extension
 def test_parts_of_different_formats_stack_along_the_outputs():
-    import radixlm._C
-
+    kernels = extension()
     types, outs, in_features = [12, 14, 8, 2], [32, 16, 5, 21], 512
     parts = [random_blocks(t, n, in_features, seed=t) for t, n in zip(types, outs, strict=True)]
     tiles = [pack_tiles(p, t, in_features) for p, t in zip(parts, types, strict=True)]
     generator = torch.Generator().manual_seed(0)
     x, bias = torch.randn(9, in_features, generator=generator), torch.randn(sum(outs), generator=generator)
-    stacked = radixlm._C.gguf_linear(x, tiles, types, outs, bias)
-    alone = torch.cat([radixlm._C.gguf_linear(x, [t], [k], [n], None) for t, k, n in zip(tiles, types, outs,
+    stacked = kernels.gguf_linear(x, tiles, types, outs, bias)
+    alone = torch.cat([kernels.gguf_linear(x, [t], [k], [n], None) for t, k, n in zip(tiles, types, outs,
                                                                                         strict=True)], dim=1)
     assert torch.equal(stacked, alone + bias)
     linear = GGUFLinear([WeightPart.from_rows(t, p, in_features, packed=False) for t, p in zip(types, parts,
@@ -139,9 +134,8 @@ def test_parts_of_different_formats_stack_along_the_outputs():
 
 @needs_extension
 def test_kernel_rejects_bad_inputs():
-    import radixlm._C
-
-    linear, rows = radixlm._C.gguf_linear, radixlm._C.gguf_rows
+    kernels = extension()
+    linear, rows = kernels.gguf_linear, kernels.gguf_rows
     blocks, x = random_blocks(2, 8, 64, seed=2), torch.randn(1, 64)
     tiles = pack_tiles(blocks, 2, 64)
     bad_calls = {
@@ -200,12 +194,11 @@ def test_pack_tiles_rejects_bad_blocks():
 def test_rounding_ties_round_half_to_even_as_the_reference():
     """x / step = 60.5 exactly must give 60 on both sides: the reference divides 127 by the maximum (PyTorch's
     `127.0 / t` multiplies by a rounded 1 / t and once gave 60.500004, so 61)."""
-    import radixlm._C
-
+    kernels = extension()
     torch.manual_seed(171)
     x = torch.randn(20, 32)
     blocks = random_blocks(8, 32, 32, seed=0)
     tiles = pack_tiles(blocks, 8, 32)
     expected = reference(x, blocks, 8)
-    torch.testing.assert_close(radixlm._C.gguf_linear(x, [tiles], [8], [32], None), expected,
+    torch.testing.assert_close(kernels.gguf_linear(x, [tiles], [8], [32], None), expected,
                                atol=1e-5 * expected.abs().max().item(), rtol=0)

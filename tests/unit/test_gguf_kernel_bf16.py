@@ -10,23 +10,21 @@ from gguf_files import random_blocks
 from radixlm.config import ModelConfig
 from radixlm.model.gguf_linear import PATH_BEST, GGUFLinear, WeightPart
 from radixlm.model.gguf_tiles import pack_tiles
-from radixlm.model.ops import extension_error
+from radixlm.model.ops import extension, extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None,
                                      reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
 
 
 def _paths() -> list[int]:
-    import radixlm._C
-
-    return [PATH_BEST, *radixlm._C.gguf_linear_paths()]
+    kernels = extension()
+    return [PATH_BEST, *kernels.gguf_linear_paths()]
 
 
 @needs_extension
 @pytest.mark.parametrize("ggml_type", [8, 2, 12])  # Q8_0, Q4_0, Q4_K
 def test_bf16_rows_give_the_float32_result_rounded(ggml_type):
-    import radixlm._C
-
+    kernels = extension()
     in_features = 512
     types, outs = [ggml_type, 8], [40, 9]  # two parts: a partial tile in each
     tiles = [pack_tiles(random_blocks(t, n, in_features, seed=n), t, in_features) for t, n in zip(types, outs,
@@ -38,13 +36,13 @@ def test_bf16_rows_give_the_float32_result_rounded(ggml_type):
         for b in (None, bias):
             rows = x[:num_rows]
             for path in _paths():
-                out = radixlm._C.gguf_linear(rows, tiles, types, outs, b, path)
+                out = kernels.gguf_linear(rows, tiles, types, outs, b, path)
                 assert out.dtype == torch.bfloat16 and out.shape == (num_rows, sum(outs))
-                expected = radixlm._C.gguf_linear(rows.float(), tiles, types, outs, b, path).bfloat16()
+                expected = kernels.gguf_linear(rows.float(), tiles, types, outs, b, path).bfloat16()
                 assert torch.equal(out, expected), (num_rows, path)
     x3 = x[:6].reshape(2, 3, in_features)
     assert torch.equal(torch.ops.radixlm.gguf_linear(x3, tiles, types, outs, bias),
-                       radixlm._C.gguf_linear(x[:6], tiles, types, outs, bias).reshape(2, 3, -1))
+                       kernels.gguf_linear(x[:6], tiles, types, outs, bias).reshape(2, 3, -1))
 
 
 @needs_extension
@@ -52,8 +50,7 @@ def test_bf16_rows_give_the_float32_result_rounded(ggml_type):
 def test_special_blocks_are_quantized_alike_on_every_path(dtype):
     """A NaN or inf poisons its row, a block whose 127 / max overflows (1e-45) counts as zero, ties round half to
     even, whichever path quantizes them."""
-    import radixlm._C
-
+    kernels = extension()
     tiles = pack_tiles(random_blocks(8, 16, 64, seed=1), 8, 64)
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
     x[1, 3], x[2, 40], x[3, :32] = float("nan"), float("inf"), 0.0
@@ -62,7 +59,7 @@ def test_special_blocks_are_quantized_alike_on_every_path(dtype):
     x[5, :32] = torch.arange(32) * 0.5 - 8  # x / step lands on halves for some values
     x[6, 32:] = -3e30  # large, but its products stay finite
     rows = x.to(dtype)
-    outs = [radixlm._C.gguf_linear(rows, [tiles], [8], [16], None, path) for path in _paths()]
+    outs = [kernels.gguf_linear(rows, [tiles], [8], [16], None, path) for path in _paths()]
     for out in outs[1:]:
         assert torch.equal(out.isnan(), outs[0].isnan()) and torch.equal(out.nan_to_num(), outs[0].nan_to_num())
     assert outs[0][1:3].isnan().all() and not outs[0][[0, 3, 4, 5, 6, 7]].isnan().any()
