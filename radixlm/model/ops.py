@@ -71,7 +71,7 @@ def extension() -> ModuleType:
     error = extension_error()
     if error is not None:
         raise RuntimeError(f"radixlm's C++ kernels are not available: {error}")
-    return importlib.import_module(EXTENSION_MODULES[kernel_isa() or "avx2"])
+    return importlib.import_module(EXTENSION_MODULES[str(kernel_isa())])  # loaded: kernel_isa() named a build
 
 
 def kernels_available() -> bool:
