@@ -90,9 +90,9 @@ class FusedGatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = _concat_linears(gate, up)
         self.down_proj = down
-        # A GGUF linear has no weight tensor and computes in float32: PyTorch's ops.
-        linear = cpp_kernels and isinstance(gate, nn.Linear)
-        self._activation = _cpp_kernel("silu_and_mul", gate.weight, (torch.bfloat16,)) if linear else None
+        # A GGUF linear has no weight tensor: its output takes the rows' dtype, which `forward` checks.
+        reference = torch.empty(0, dtype=torch.bfloat16) if isinstance(gate, GGUFLinear) else gate.weight
+        self._activation = _cpp_kernel("silu_and_mul", reference, (torch.bfloat16,)) if cpp_kernels else None
 
     def pad_rows(self) -> bool:
         """Write the activation's rows that the packed linear would copy apart already apart
