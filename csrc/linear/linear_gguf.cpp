@@ -18,11 +18,9 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
-#include <type_traits>
 
+#include "gguf_activations.h"
 #include "gguf_kernels.h"
 #include "isa.h"
 #include "kernel_checks.h"
@@ -32,6 +30,9 @@ namespace {
 using radixlm_gguf::kBlock;
 using radixlm_gguf::kChunkRows;
 using radixlm_gguf::kTileRows;
+using radixlm_gguf::QuantizedRows;
+using radixlm_gguf::quantize_rows;
+using radixlm_gguf::slice;
 
 constexpr int64_t kRowBlock = 128;
 // K per slice: a tile's slice (17 KB of Q8_0, 9 KB of Q4_K) stays in L1 while every chunk of a row block passes over
@@ -62,75 +63,6 @@ radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t resolved_path)
   if (resolved_path == radixlm::kGgufPathAvx512) return radixlm_gguf::avx512_kernel(ggml_type);
   if (resolved_path == radixlm::kGgufPathAvx2) return radixlm_gguf::avx2_kernel(ggml_type);
   return radixlm_gguf::portable_kernel(ggml_type);
-}
-
-// The quantized activations, all in one buffer (one allocation a call: a decode step makes a hundred calls).
-struct QuantizedRows {
-  at::Tensor buffer;
-  radixlm_gguf::Activations view;
-};
-
-// One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
-void quantize_block(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
-  float top = 0.f;
-  bool finite = true;
-  for (int i = 0; i < kBlock; ++i) {
-    finite = finite && std::isfinite(x[i]);
-    top = std::max(top, std::fabs(x[i]));
-  }
-  const float inverse = 127.f / top;
-  const bool usable = finite && top > 0.f && std::isfinite(inverse);
-  int32_t halves[2] = {0, 0};
-  for (int i = 0; i < kBlock; ++i) {
-    const int32_t v = usable ? static_cast<int32_t>(std::nearbyint(x[i] * inverse)) : 0;
-    q[i] = static_cast<int8_t>(v);
-    halves[i / 16] += v;
-  }
-  *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  const int32_t sum = halves[0] + halves[1];
-  *offset32 = -128 * sum;
-  *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
-}
-
-// x's rows quantized per K-block; bfloat16 rows are widened (exactly) a block at a time, so both dtypes quantize the
-// same values alike.
-template <typename T>
-QuantizedRows quantize_rows(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolved_path) {
-  const int64_t blocks = m_dim * (k_dim / kBlock);
-  // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
-  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, offset32; sum16
-  at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
-  float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
-  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
-  int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
-  int8_t* q = reinterpret_cast<int8_t*>(floats + words);
-  const auto quantize = resolved_path == radixlm::kGgufPathAvx512 ? radixlm_gguf::quantize_block_avx512
-                        : resolved_path == radixlm::kGgufPathAvx2 ? radixlm_gguf::quantize_block_avx2
-                                                                  : quantize_block;
-  at::parallel_for(0, blocks, 4096, [&](int64_t first, int64_t last) {
-    float widened[kBlock];
-    for (int64_t i = first; i < last; ++i) {
-      const float* values = widened;
-      if constexpr (std::is_same_v<T, float>) {
-        values = x + i * kBlock;
-      } else {
-        for (int64_t j = 0; j < kBlock; ++j) widened[j] = static_cast<float>(x[i * kBlock + j]);
-      }
-      quantize(values, q + i * kBlock, step + i, offset32 + i, sum32 + i, sum16 + 2 * i);
-    }
-  });
-  return {buffer, {q, step, offset32, sum32, sum16, k_dim, k_dim / kBlock}};
-}
-
-// Rows from `first_row` on, K-blocks [first_block, first_block + num_blocks) of each, as a view whose row 0 and
-// block 0 are those.
-radixlm_gguf::Activations slice(const radixlm_gguf::Activations& a, int64_t first_row, int64_t first_block,
-                                int64_t num_blocks) {
-  const int64_t start = first_row * a.row_blocks + first_block;
-  return {a.q + start * kBlock, a.step + start, a.offset32 + start, a.sum32 + start,
-          a.sum16 + 2 * start, num_blocks * kBlock, a.row_blocks};
 }
 
 struct Part {
@@ -192,6 +124,53 @@ void multiply_tile(const Part& part, int64_t local, const radixlm_gguf::Activati
   }
 }
 
+// The first tile whose bytes start at or after `offset` (of all the parts' bytes, in order).
+int64_t tile_at(const c10::SmallVector<Part, kMaxParts>& parts, int64_t offset) {
+  for (const Part& part : parts) {
+    if (offset < num_part_tiles(part) * part.tile_bytes) {
+      return part.first_tile + (offset + part.tile_bytes - 1) / part.tile_bytes;
+    }
+    offset -= num_part_tiles(part) * part.tile_bytes;
+  }
+  return parts.back().first_tile + num_part_tiles(parts.back());
+}
+
+// Where the products go: float32 rows, or bfloat16 ones (`bf16`) rounded from the float32 sums; rows ld apart.
+struct Output {
+  float* float32;
+  at::BFloat16* bf16;
+  int64_t ld;
+  const float* bias;  // [ld] or null
+};
+
+// Tiles [first, last) of the parts times all m_dim rows, row block by row block.
+void multiply_tiles(const c10::SmallVector<Part, kMaxParts>& parts, const radixlm_gguf::Activations& rows,
+                    int64_t m_dim, int64_t first, int64_t last, const Output& out) {
+  float scratch[kRowBlock * kTileRows];  // a bfloat16 output's float32 sums, rounded as they are copied out
+  for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
+    const int64_t block_rows = std::min(kRowBlock, m_dim - row_block);
+    const radixlm_gguf::Activations block = slice(rows, row_block, 0, rows.k / kBlock);
+    size_t p = 0;
+    for (int64_t t = first; t < last; ++t) {
+      while (t >= parts[p].first_tile + num_part_tiles(parts[p])) ++p;
+      const Part& part = parts[p];
+      const int64_t local = t - part.first_tile;
+      const int64_t column = part.first_column + local * kTileRows;
+      const float* tile_bias = out.bias ? out.bias + column : nullptr;
+      if (out.bf16 == nullptr) {
+        multiply_tile(part, local, block, block_rows, out.float32 + row_block * out.ld + column, out.ld, tile_bias);
+        continue;
+      }
+      multiply_tile(part, local, block, block_rows, scratch, kTileRows, tile_bias);
+      const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
+      at::BFloat16* dst = out.bf16 + row_block * out.ld + column;
+      for (int64_t r = 0; r < block_rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) dst[r * out.ld + c] = at::BFloat16(scratch[r * kTileRows + c]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArrayRef types,
@@ -217,9 +196,6 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   const bool bf16_out = x.scalar_type() == at::kBFloat16;
   const QuantizedRows rows = bf16_out ? quantize_rows(x.data_ptr<at::BFloat16>(), m_dim, k_dim, resolved_path)
                                       : quantize_rows(x.data_ptr<float>(), m_dim, k_dim, resolved_path);
-  const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* out_float = bf16_out ? nullptr : out.data_ptr<float>();
-  at::BFloat16* out_bf16 = bf16_out ? out.data_ptr<at::BFloat16>() : nullptr;
   // One task a thread, each an equal share of the weight bytes (parts of different formats have tiles of different
   // sizes, and at one row the bytes are the time), each reading at least kGrainBytes per row it serves: a small
   // layer stays on one thread.
@@ -227,42 +203,11 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   for (const Part& part : parts) total_bytes += num_part_tiles(part) * part.tile_bytes;
   const int64_t work = total_bytes * std::min(m_dim, kRowBlock);
   const int64_t num_tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / radixlm::kGrainBytes));
-  // The first tile whose bytes start at or after `offset`.
-  auto tile_at = [&](int64_t offset) {
-    for (const Part& part : parts) {
-      if (offset < num_part_tiles(part) * part.tile_bytes) {
-        return part.first_tile + (offset + part.tile_bytes - 1) / part.tile_bytes;
-      }
-      offset -= num_part_tiles(part) * part.tile_bytes;
-    }
-    return parts.back().first_tile + num_part_tiles(parts.back());
-  };
+  const Output output{bf16_out ? nullptr : out.data_ptr<float>(), bf16_out ? out.data_ptr<at::BFloat16>() : nullptr,
+                      n_dim, bias.has_value() ? bias->data_ptr<float>() : nullptr};
   at::parallel_for(0, num_tasks, 1, [&](int64_t first_task, int64_t last_task) {
-    const int64_t first = tile_at(total_bytes * first_task / num_tasks);
-    const int64_t last = tile_at(total_bytes * last_task / num_tasks);
-    float scratch[kRowBlock * kTileRows];  // a bfloat16 output's float32 sums, rounded as they are copied out
-    for (int64_t row_block = 0; row_block < m_dim; row_block += kRowBlock) {
-      const int64_t block_rows = std::min(kRowBlock, m_dim - row_block);
-      const radixlm_gguf::Activations block = slice(rows.view, row_block, 0, k_dim / kBlock);
-      size_t p = 0;
-      for (int64_t t = first; t < last; ++t) {
-        while (t >= parts[p].first_tile + num_part_tiles(parts[p])) ++p;
-        const Part& part = parts[p];
-        const int64_t local = t - part.first_tile;
-        const int64_t column = part.first_column + local * kTileRows;
-        const float* tile_bias = bias_data ? bias_data + column : nullptr;
-        if (!bf16_out) {
-          multiply_tile(part, local, block, block_rows, out_float + row_block * n_dim + column, n_dim, tile_bias);
-          continue;
-        }
-        multiply_tile(part, local, block, block_rows, scratch, kTileRows, tile_bias);
-        const int64_t cols = std::min(kTileRows, part.out_features - local * kTileRows);
-        at::BFloat16* dst = out_bf16 + row_block * n_dim + column;
-        for (int64_t r = 0; r < block_rows; ++r) {
-          for (int64_t c = 0; c < cols; ++c) dst[r * n_dim + c] = at::BFloat16(scratch[r * kTileRows + c]);
-        }
-      }
-    }
+    multiply_tiles(parts, rows.view, m_dim, tile_at(parts, total_bytes * first_task / num_tasks),
+                   tile_at(parts, total_bytes * last_task / num_tasks), output);
   });
   return out;
 }
