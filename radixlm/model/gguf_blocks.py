@@ -5,7 +5,7 @@ A GGUF weight matrix [N, K] in a block format is stored as N rows of raw block b
 The layouts are ggml's (gguf-py's `gguf/quants.py`, `dequantize_blocks`); `dequantize` reproduces gguf-py's float32
 values exactly, with the same float operations in the same order.
 
-The C++ kernel `radixlm._C.gguf_linear` (csrc/linear_gguf.cpp) reads the same bits regrouped into tiles
+The C++ kernel `radixlm._C.gguf_linear` (csrc/linear/linear_gguf.cpp) reads the same bits regrouped into tiles
 (`radixlm.model.gguf_tiles`); this module does not import it, so it works without the extension.
 """
 
