@@ -73,11 +73,13 @@ class FusedRMSNorm(nn.Module):
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what radixlm._C's rms_norm and rotary take
 
 
-def _cpp_kernel(name: str, weight: torch.Tensor,
+def _cpp_kernel(name: str, weight: torch.Tensor | None,
                 dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES) -> Callable[..., torch.Tensor] | None:
     """radixlm._C's function `name` (a direct entry point) for a module whose weight is `weight`, when that is a CPU
-    tensor of one of `dtypes` (not a tensor-parallel DTensor) and the extension is built; else None."""
-    if isinstance(weight, DTensor) or weight.dtype not in dtypes or weight.device.type != "cpu":
+    tensor of one of `dtypes` (not a tensor-parallel DTensor) and the extension is built; else None. `weight` None: the
+    module reads a GGUF linear's output (on the CPU, in the rows' dtype, which the caller checks on every call)."""
+    if weight is not None and (isinstance(weight, DTensor) or weight.dtype not in dtypes
+                               or weight.device.type != "cpu"):
         return None
     return None if extension_error() is not None else direct_kernel(name)
 
@@ -90,9 +92,8 @@ class FusedGatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = _concat_linears(gate, up)
         self.down_proj = down
-        # A GGUF linear has no weight tensor: its output takes the rows' dtype, which `forward` checks.
-        reference = torch.empty(0, dtype=torch.bfloat16) if isinstance(gate, GGUFLinear) else gate.weight
-        self._activation = _cpp_kernel("silu_and_mul", reference, (torch.bfloat16,)) if cpp_kernels else None
+        weight = None if isinstance(gate, GGUFLinear) else gate.weight  # a GGUF linear has no weight tensor
+        self._activation = _cpp_kernel("silu_and_mul", weight, (torch.bfloat16,)) if cpp_kernels else None
 
     def pad_rows(self) -> bool:
         """Write the activation's rows that the packed linear would copy apart already apart
@@ -182,8 +183,8 @@ def _local_out_features(linear: nn.Module) -> int:
 def _fuse_attention(module: nn.Module, sliding_window: int | None, cpp_kernels: bool) -> None:
     module.qkv_proj = _concat_linears(module.q_proj, module.k_proj, module.v_proj)
     # A GGUF projection computes in float32 on the CPU, which the rotary kernel takes.
-    reference = module.qkv_proj.weight if isinstance(module.qkv_proj, nn.Linear) else torch.empty(0)
-    module.rotary_kernel = _cpp_kernel("rotary", reference) if cpp_kernels else None
+    weight = module.qkv_proj.weight if isinstance(module.qkv_proj, nn.Linear) else None
+    module.rotary_kernel = _cpp_kernel("rotary", weight) if cpp_kernels else None
     module.num_heads = _local_out_features(module.q_proj) // module.head_dim  # this rank's heads
     module.num_kv_heads = _local_out_features(module.k_proj) // module.head_dim
     module.fused_window = sliding_window

@@ -49,10 +49,15 @@ def drain(engine: LLMEngine) -> dict[str, Finished]:
     return results
 
 
-def output_token_ids(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    """`run` with one `params` for every prompt; returns each prompt's output token ids, in prompt order."""
+def final_outputs(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
+    """`run` with one `params` for every prompt; returns each prompt's first sequence at the end, in prompt order."""
     results = run(engine, [(f"req-{index}", prompt, params) for index, prompt in enumerate(prompts)])
-    return [results[f"req-{index}"].token_ids() for index in range(len(prompts))]
+    return [results[f"req-{index}"].sequences[0] for index in range(len(prompts))]
+
+
+def output_token_ids(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """`final_outputs`' token ids."""
+    return [output.token_ids for output in final_outputs(engine, prompts, params)]
 
 
 def assert_all_blocks_released(engine: LLMEngine) -> None:

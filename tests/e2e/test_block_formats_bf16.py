@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from e2e.engine_runs import run
+from e2e.engine_runs import final_outputs
 from e2e.test_greedy_matches_hf import BF16_NEAR_TIE, MAX_NEW, SCENARIOS, random_prompts
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model import loader
@@ -33,7 +33,7 @@ def test_the_kernel_gives_the_pytorch_paths_tokens_in_bfloat16(name, tiny_model_
     pytorch = build_engine(**options)
     assert pytorch.runner.model.lm_head.parts[0].rows is not None
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=5)
-    ours, theirs = (_greedy_runs(engine, random_prompts(), params) for engine in (kernels, pytorch))
+    ours, theirs = (final_outputs(engine, random_prompts(), params) for engine in (kernels, pytorch))
     diverged = [(o, t) for o, t in zip(ours, theirs, strict=True) if o.token_ids != t.token_ids]
     assert len(diverged) <= len(ours) // 4
     for mine, reference in diverged:
@@ -42,11 +42,6 @@ def test_the_kernel_gives_the_pytorch_paths_tokens_in_bfloat16(name, tiny_model_
         for output, (chosen, other) in ((mine, picks), (reference, picks[::-1])):
             gap = _logprob_gap(output, first, chosen, other)
             assert gap < BF16_NEAR_TIE, f"parted at token {first}, where one engine had the tokens {gap:.4f} apart"
-
-
-def _greedy_runs(engine, prompts: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
-    results = run(engine, [(f"req-{index}", prompt, params) for index, prompt in enumerate(prompts)])
-    return [results[f"req-{index}"].sequences[0] for index in range(len(prompts))]
 
 
 def _logprob_gap(output: CompletionOutput, position: int, chosen: int, other: int) -> float:
