@@ -40,7 +40,7 @@ def kernel_isa() -> str | None:
     Reads the CPU through PyTorch's cpuinfo (the CPUID instruction, as the kernels' own checks do)."""
     forced = os.environ.get(KERNEL_ISA_VARIABLE, "")
     if forced not in ("", "avx2"):
-        raise ValueError(f"{KERNEL_ISA_VARIABLE} must be unset or 'avx2', got {forced!r}")
+        raise ValueError(f"{KERNEL_ISA_VARIABLE} must be unset or 'avx2', got {forced[:40]!r}")
     cpu = torch.cpu
     if not cpu._is_avx2_supported():
         return None
