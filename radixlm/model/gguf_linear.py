@@ -24,6 +24,7 @@ from torch import nn
 
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
 from radixlm.model.gguf_tiles import num_tiles, pack_tiles, quantize_activations, tile_bytes
+from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.ops import direct_kernel, extension_error
 
 # Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
@@ -57,14 +58,17 @@ class WeightPart:
     rows: torch.Tensor | None = None
 
     @classmethod
-    def from_rows(cls, ggml_type: int, rows: torch.Tensor, in_features: int, packed: bool) -> WeightPart:
-        """`rows` as read from the file; `packed`: regrouped into tiles (and the rows dropped)."""
+    def from_rows(cls, ggml_type: int, rows: torch.Tensor, in_features: int, packed: bool,
+                  arena: HugePageArena | None = None) -> WeightPart:
+        """`rows` as read from the file; `packed`: regrouped into tiles (and the rows dropped), placed in `arena`
+        when one is given (a decode step streams them faster from huge pages)."""
         expected = row_bytes(ggml_type, in_features)
         if rows.dtype != torch.uint8 or rows.dim() != 2 or rows.shape[1] != expected:
             raise ValueError(f"GGUF blocks must be uint8 [N, {expected}] for {BLOCK_FORMATS[ggml_type].name} "
                              f"with {in_features} input features, got {rows.dtype} {list(rows.shape)}")
         if packed:
-            return cls(ggml_type, rows.shape[0], in_features, tiles=pack_tiles(rows, ggml_type, in_features))
+            tiles = pack_tiles(rows, ggml_type, in_features)
+            return cls(ggml_type, rows.shape[0], in_features, tiles=tiles if arena is None else arena.place(tiles))
         return cls(ggml_type, rows.shape[0], in_features, rows=rows.contiguous())
 
     @property

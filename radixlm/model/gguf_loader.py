@@ -34,6 +34,7 @@ from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTen
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_file import TensorInfo, read_gguf
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
+from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.layer_stream import LayerTracker
 
 logger = logging.getLogger(__name__)
@@ -66,9 +67,10 @@ def build_gguf_model(gguf_path: Path, config: PretrainedConfig, dtype: torch.dty
     total = sum(tensor.num_bytes for tensor in contents.tensors)
     progress = tqdm(total=total, unit="B", unit_scale=True, desc=f"loading {gguf_path.name}",
                     disable=total < PROGRESS_BAR_BYTES)
+    arena = HugePageArena() if kernels is not None else None  # the tiles, for a decode step's streaming reads
     with open(gguf_path, "rb") as file, progress:
         for tensor in contents.tensors:
-            hf_name = _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, kernels)
+            hf_name = _load_tensor(model, file, tensor, processor, name_map, dtype, keep_blocks, kernels, arena)
             if hf_name is not None:
                 tracker.loaded(hf_name)
             progress.update(tensor.num_bytes)
@@ -108,7 +110,7 @@ def _read(file: object, tensor: TensorInfo) -> np.ndarray:
 
 def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: TensorProcessor,
                  name_map: dict[str, str], dtype: torch.dtype, keep_blocks: bool,
-                 kernels: GGUFKernels | None) -> str | None:
+                 kernels: GGUFKernels | None, arena: HugePageArena | None) -> str | None:
     """Put `tensor` in place; returns the model's name for it (None: the model has no place for it)."""
     ggml_type, shape = tensor.ggml_type, list(tensor.shape)
     hf_name = name_map.get(tensor.name)
@@ -122,7 +124,8 @@ def _load_tensor(model: nn.Module, file: object, tensor: TensorInfo, processor: 
     if packable and (isinstance(module, nn.Linear) or type(module) is nn.Embedding):
         rows = data.reshape(shape[0], -1)
         rows = np.ascontiguousarray(processor.process(weights=rows, name=tensor.name).weights)
-        part = WeightPart.from_rows(ggml_type, torch.from_numpy(rows), shape[1], packed=kernels is not None)
+        part = WeightPart.from_rows(ggml_type, torch.from_numpy(rows), shape[1], packed=kernels is not None,
+                                    arena=arena)
         parent_name, _, child = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if isinstance(module, nn.Linear):

@@ -27,6 +27,7 @@ from torch import nn
 
 from radixlm.model.fused_ops import fuse_small_ops, pad_rows_for_readers
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
+from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.prepacked_linear import prepacking_available, use_prepacked_linears
 from radixlm.model.quantize import quantize_model
 from radixlm.model.small_batch import int8_kernel_is_vectorized, use_small_batch_linears
@@ -37,11 +38,13 @@ BLOCK_QUANTIZATIONS = {"q4_0": int(GGMLQuantizationType.Q4_0), "q4_1": int(GGMLQ
                        "q8_0": int(GGMLQuantizationType.Q8_0)}
 
 
-def quantize_to_blocks(weight: torch.Tensor, ggml_type: int, kernels: GGUFKernels | None) -> WeightPart:
-    """A float weight [N, K] as GGUF blocks of `ggml_type` (gguf-py's quantizer), tiled for `kernels` if given."""
+def quantize_to_blocks(weight: torch.Tensor, ggml_type: int, kernels: GGUFKernels | None,
+                       arena: HugePageArena | None = None) -> WeightPart:
+    """A float weight [N, K] as GGUF blocks of `ggml_type` (gguf-py's quantizer), tiled for `kernels` if given (and
+    placed in `arena`)."""
     rows = gguf_quantize(weight.detach().float().contiguous().numpy(), GGMLQuantizationType(ggml_type))
     return WeightPart.from_rows(ggml_type, torch.from_numpy(np.ascontiguousarray(rows)), weight.shape[1],
-                                packed=kernels is not None)
+                                packed=kernels is not None, arena=arena)
 
 
 class ServingFormat:
@@ -54,6 +57,7 @@ class ServingFormat:
         self.cpp_kernels = cpp_kernels
         self.gguf_kernels = gguf_kernels
         self.block_type = BLOCK_QUANTIZATIONS.get(quantization or "")
+        self.arena = HugePageArena() if gguf_kernels is not None and self.block_type is not None else None
 
     def finish_layer(self, layer: nn.Module) -> None:
         """Fuse `layer`'s small ops and put its linears in the serving format, in place."""
@@ -79,7 +83,7 @@ class ServingFormat:
     def _to_blocks(self, root: nn.Module) -> None:
         for name, module in [(n, m) for n, m in root.named_modules() if type(m) is nn.Linear]:
             parent_name, _, child = name.rpartition(".")
-            part = quantize_to_blocks(module.weight, self.block_type, self.gguf_kernels)
+            part = quantize_to_blocks(module.weight, self.block_type, self.gguf_kernels, self.arena)
             linear = GGUFLinear([part], module.bias, self.gguf_kernels)
             setattr(root.get_submodule(parent_name) if parent_name else root, child, linear)
 
@@ -87,7 +91,7 @@ class ServingFormat:
         embedding = model.get_input_embeddings()
         if type(embedding) is not nn.Embedding or embedding.weight.shape[1] % 32:
             return
-        part = quantize_to_blocks(embedding.weight, self.block_type, self.gguf_kernels)
+        part = quantize_to_blocks(embedding.weight, self.block_type, self.gguf_kernels, self.arena)
         head = model.get_output_embeddings()
         tied = head is not None and getattr(head, "weight", None) is embedding.weight
         model.set_input_embeddings(GGUFEmbedding(part, embedding.weight.dtype, self.gguf_kernels))

@@ -18,13 +18,11 @@ the same float rounding steps), so a row's output is bit-identical on either pat
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.huge_pages import huge_page_buffer
 from radixlm.model.ops import direct_kernel, extension_error, kernel_isa, kernels_available
 
 MAX_ROWS = 9  # the float32 kernel's limit: rows of x (tokens) per call (a decode verifying up to 8 drafts)
@@ -35,7 +33,6 @@ INT8_MAX_ROWS = 64
 INT8_ROW_ALIGN = 64  # int8 weight rows are zero-padded to whole 64-byte loads
 INT8_TILE_ROWS = 8  # linear_int8.cpp's kInt8TileRows: the int8 weights are packed by tiles of this many rows
 INT8_MAX_FEATURES = 8192  # linear_int8.cpp's kMaxK: the bytes of a quantized row
-HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 
 
 def int8_kernel_is_vectorized() -> bool:
@@ -112,18 +109,6 @@ class Int8Rows:
                                                            torch.Tensor | None]:
         """What the int8 kernel (`direct_kernel("small_batch_int8_linear")`) takes after x."""
         return self.weight, self.scales, self.sums, bias
-
-
-def huge_page_buffer(num_bytes: int) -> torch.Tensor:
-    """An uninitialised int8 tensor of `num_bytes` in anonymous memory, 2 MiB-aligned and advised for transparent
-    huge pages (where the kernel has them off, it stays on 4 KiB pages and works the same)."""
-    # Private: shared anonymous memory is shmem, whose huge pages are a separate setting (off by default).
-    mapping = mmap.mmap(-1, num_bytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(AttributeError, OSError):  # not Linux, or a kernel without THP
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-    whole = torch.frombuffer(mapping, dtype=torch.int8)  # keeps `mapping` alive
-    start = -whole.data_ptr() % HUGE_PAGE_BYTES
-    return whole[start:start + num_bytes]
 
 
 def gather_int8_weights(rows: list[Int8Rows]) -> None:
