@@ -13,6 +13,9 @@
 
 #include <immintrin.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #if defined(__AVX512F__)
 #define RADIXLM_BUILD_AVX512 1
 #else
@@ -47,9 +50,17 @@ inline bool cpu_has_avx2() {
   return has;
 }
 
-// What RADIXLM_AVX512 code needs: AVX-512 F, BW, VL and VNNI, F16C and FMA (the ZMM state included).
+// RADIXLM_KERNEL_ISA=avx2 (radixlm/model/ops.py, which then loads the AVX2 build) makes this process run as on an
+// AVX2-only CPU: the run-time choices below then see no AVX-512 either.
+inline bool avx2_forced() {
+  const char* value = std::getenv("RADIXLM_KERNEL_ISA");
+  return value != nullptr && std::strcmp(value, "avx2") == 0;
+}
+
+// What RADIXLM_AVX512 code needs: AVX-512 F, BW, VL and VNNI, F16C and FMA (the ZMM state included); false when
+// avx2_forced().
 inline bool cpu_has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  static const bool has = !avx2_forced() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
   return has;

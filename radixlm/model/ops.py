@@ -5,9 +5,10 @@ setup.py builds the same sources twice: `radixlm._C` for AVX2 CPUs (x86-64-v3: A
 `radixlm._C_avx512` for CPUs with AVX-512 VNNI and BF16 (Zen 4 and later, Xeons from Cooper Lake), so one install
 runs on either; the kernels that test the build's instruction set (`#if RADIXLM_BUILD_AVX512` in csrc/isa.h) get their
 AVX-512 code only in the second. `kernel_isa()` says which one this process loads: the AVX-512 one where the CPU has
-what it was built for, else the AVX2 one; a CPU without AVX2 loads neither. RADIXLM_KERNEL_ISA=avx2 forces the AVX2
-build on any CPU (to compare the two, or to test the AVX2 build on an AVX-512 machine). Kernels that choose their
-path at run time (the GGUF and bfloat16 linears: csrc/isa.h) do so in either build.
+what it was built for, else the AVX2 one; a CPU without AVX2 loads neither. Kernels that choose their path at run
+time (the GGUF and bfloat16 linears, the prefill attention: csrc/isa.h) do so in either build.
+RADIXLM_KERNEL_ISA=avx2 makes a process run as on an AVX2-only CPU (to compare the two, or to test the AVX2 code on
+an AVX-512 machine): the AVX2 build, and no AVX-512 path chosen at run time either (csrc/isa.h's avx2_forced).
 
 Every caller of `torch.ops.radixlm.*` or of the extension's direct entry points goes through this module:
 `extension_error()` (or `kernels_available()`) first, which imports the extension once and registers a fake kernel

@@ -1,7 +1,8 @@
 """Run by tests/e2e/test_kernel_builds.py in a child process, since a process loads one build of the extension, fixed
 at its first use: `python kernel_build_run.py SPEC` with SPEC a JSON object {"runs": [engine options, ...],
 "prompts": [[token ids], ...], "max_tokens": n}. Prints one JSON object: the build this process chose, the GGUF
-linear's paths on this CPU, and each run's greedy tokens for every prompt."""
+linear's paths on this CPU, whether the AVX-512 BF16 and AMX kernels run, and each run's greedy tokens for every
+prompt (none for an empty list of runs)."""
 
 import json
 import sys
@@ -22,7 +23,9 @@ def main(spec: dict) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
     tokens = [output_token_ids(build_engine(**options), spec["prompts"], params) for options in spec["runs"]]
     print(json.dumps({"isa": kernel_isa(), "modules": sorted(m for m in sys.modules if m.startswith("radixlm._C")),
-                      "gguf_paths": list(direct_kernel("gguf_linear_paths")()), "tokens": tokens}))
+                      "gguf_paths": list(direct_kernel("gguf_linear_paths")()),
+                      "avx512_bf16": bool(direct_kernel("avx512_bf16_available")()),
+                      "amx_bf16": bool(direct_kernel("amx_bf16_available")()), "tokens": tokens}))
 
 
 if __name__ == "__main__":

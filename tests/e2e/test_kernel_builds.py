@@ -4,8 +4,9 @@ radixlm._C_avx512 for AVX-512 VNNI/BF16) and radixlm/model/ops.py loads the one 
 Each check runs a child process (tests/e2e/kernel_build_run.py), since a process loads one build: where QEMU's
 user-mode emulator is installed (Debian's qemu-user, which .ci/run installs), under an emulated CPU without AVX-512
 (QEMU's TCG has none), which must choose the AVX2 build by itself and dies with SIGILL at any AVX-512 instruction;
-elsewhere, the AVX2 build forced on this CPU (RADIXLM_KERNEL_ISA=avx2). Greedy float32 tokens equal HF's, and
-the GGUF model's equal this process's (the kernel's paths are bit-identical to each other)."""
+elsewhere, the AVX2 build forced on this CPU (RADIXLM_KERNEL_ISA=avx2, which hides the run-time AVX-512 paths too).
+Greedy float32 tokens equal HF's, and the GGUF model's equal this process's (the kernel's paths are bit-identical to
+each other)."""
 
 import functools
 import json
@@ -75,6 +76,8 @@ def child(run_options: list[dict], env: dict, prefix: tuple[str, ...] = ()) -> d
 def check(result: dict, llama: Path, gguf: Path) -> None:
     hf_tokens, gguf_tokens = expected(llama, gguf)
     assert result["isa"] == "avx2" and result["modules"] == ["radixlm._C"]
+    assert result["gguf_paths"] == [1, 2]  # portable and AVX2: the CPU has (or shows) no AVX-512
+    assert not result["avx512_bf16"] and not result["amx_bf16"]
     gguf_run, float32, *others = result["tokens"]
     assert gguf_run == gguf_tokens
     assert float32 == hf_tokens
@@ -91,6 +94,12 @@ def test_avx2_build_runs_on_this_cpu(models):
 @pytest.mark.skipif(QEMU is None, reason="needs qemu-x86_64 (Debian's qemu-user) to emulate a CPU without AVX-512")
 def test_a_cpu_without_avx512_runs_the_avx2_build(models):
     llama, gguf = models
-    result = child(runs(llama, gguf), {}, prefix=(QEMU, "-cpu", "max"))
-    assert result["gguf_paths"] == [1, 2]  # portable and AVX2: the CPU has no AVX-512
-    check(result, llama, gguf)
+    check(child(runs(llama, gguf), {}, prefix=(QEMU, "-cpu", "max")), llama, gguf)
+
+
+def test_forcing_avx2_hides_every_avx512_path():
+    """RADIXLM_KERNEL_ISA=avx2 on any CPU: the AVX2 build, and no AVX-512 code chosen at run time either."""
+    result = child([], {KERNEL_ISA_VARIABLE: "avx2"})
+    assert result["isa"] == "avx2" and result["modules"] == ["radixlm._C"]
+    assert result["gguf_paths"] == [1, 2]
+    assert not result["avx512_bf16"] and not result["amx_bf16"]
