@@ -1,9 +1,10 @@
 // The GGUF linear's AVX2 kernels (gguf_kernels.h), for CPUs without AVX-512 VNNI (Zen 3 and older): the tile's 16
 // output rows are two registers of 8 int32 lanes, each lane's 4 weights multiplied by 4 activation bytes with
-// vpmaddubsw (pairs of unsigned x signed bytes into int16) and vpmaddwd (pairs of int16 into int32). The int16 pairs
-// stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's 8-bit ones would not, so Q8_0 takes
-// |q| times the activation with q's sign (vpsignb): the true dot product, which the other paths reach by taking the
-// stored q + 128's share (offset32) back in int32.
+// vpmaddubsw (pairs of unsigned x signed bytes into int16) and vpmaddwd (pairs of int16 into int32), the int16 pairs
+// of several groups added first where their sum cannot overflow (kWiden: all 8 groups of a 4-bit K-block, 1.2x at
+// 64-256 rows of Q4_K). The int16 pairs stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's
+// 8-bit ones would not, so Q8_0 takes |q| times the activation with q's sign (vpsignb): the true dot product, which
+// the other paths reach by taking the stored q + 128's share (offset32) back in int32.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX2, isa.h), so the file builds whatever the build's -march, and runs
@@ -48,9 +49,13 @@ struct Scales {
   __m256 scale[2], offset[2];
 };
 
+// kWiden: groups whose int16 pairs may be added before widening. A pair of 4-bit quants (at most 15) times
+// activations (|x| <= 127) is at most 3,810, so all 8 groups fit; 6-bit (63) 16,002, two groups; Q8_0's |q| (up to
+// 128) 32,512, one.
 struct Q8_0 {
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = 544;
   static constexpr bool kHalves = false, kSigned = true;
+  static constexpr int kWiden = 1;
   RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
     s.scale[0] = d;
@@ -66,6 +71,7 @@ template <bool kMin>
 struct Q4Legacy {
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = kMin ? 320 : 288;
   static constexpr bool kHalves = false, kSigned = false;
+  static constexpr int kWiden = 8;
   RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
     s.scale[0] = d;
@@ -77,6 +83,7 @@ struct Q4Legacy {
 struct Q4_K {
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 2368;
   static constexpr bool kHalves = false, kSigned = false;
+  static constexpr int kWiden = 8;
   RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
     s.scale[0] = _mm256_mul_ps(halves8(super + 16 * half), bytes8(super + 64 + 16 * j + 8 * half, false));
     const __m256 dmin = halves8(super + 32 + 16 * half);
@@ -88,6 +95,7 @@ struct Q4_K {
 struct Q6_K {
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
   static constexpr bool kHalves = true, kSigned = false;
+  static constexpr int kWiden = 2;
   RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
     for (int h = 0; h < 2; ++h) {
@@ -105,16 +113,23 @@ struct Q6_K {
   }
 };
 
-// The int32 lane sums of 4 groups: weights w[g] (unsigned, or signed for Q8_0) times the activations' 4 bytes.
-template <bool kSigned>
-RADIXLM_AVX2 inline __m256i dot4(const __m256i* w, const int8_t* xq) {
+// The int32 lane sums of kGroups groups: weights w[g] (unsigned, or signed for Q8_0) times the activations' 4 bytes
+// at xq + 4 g. vpmaddubsw's int16 pairs of kWiden groups are added in int16 before vpmaddwd widens them: exact while
+// their sum stays below 2^15 (see each format's kWiden), so the int32 sums are those of any other order.
+template <int kGroups, int kWiden, bool kSigned>
+RADIXLM_AVX2 inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i sum = _mm256_setzero_si256();
-  for (int g = 0; g < 4; ++g) {
+  const auto pairs = [&](int g) {
     const __m256i xv = _mm256_set1_epi32(load_i32(xq + 4 * g));
-    const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), _mm256_sign_epi8(xv, w[g]))
-                                  : _mm256_maddubs_epi16(w[g], xv);
-    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+    return kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[g], w[g]), _mm256_sign_epi8(xv, w[g]))
+                   : _mm256_maddubs_epi16(w[g], xv);
+  };
+  __m256i sum = _mm256_setzero_si256();
+  for (int g0 = 0; g0 < kGroups; g0 += kWiden) {
+    __m256i pair_sum = pairs(g0);
+    for (int g = g0 + 1; g < g0 + kWiden; ++g) pair_sum = _mm256_add_epi16(pair_sum, pairs(g));
+    const __m256i widened = _mm256_madd_epi16(pair_sum, ones);
+    sum = g0 == 0 ? widened : _mm256_add_epi32(sum, widened);
   }
   return sum;
 }
@@ -136,19 +151,27 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
       const int64_t b = b0 + j;
       Scales s;
       __m256i w[8];
+      if (half == 0) {  // the first half's pass reads the tile from memory, the second finds it in L1
+        const uint8_t* ahead = tile + F::kSuperBytes * j / kPerSuper;
+        for (int64_t line = 0; line < F::kSuperBytes / kPerSuper; line += 64) {
+          _mm_prefetch(ahead + kPrefetchBytes + line, _MM_HINT_T0);
+          _mm_prefetch(ahead + kPrefetchL2Bytes + line, _MM_HINT_T1);
+        }
+      }
       F::block(tile, j, half, s, w);
       for (int r = 0; r < kRows; ++r) {
         const int64_t m = m0 + r;
         const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
-        const __m256i low = dot4<F::kSigned>(w, xq), high = dot4<F::kSigned>(w + 4, xq + 16);
         const __m256 step = _mm256_set1_ps(x.step[m * x.row_blocks + b]);
-        if (F::kHalves) {
+        if constexpr (F::kHalves) {
+          const __m256i low = dot_groups<4, F::kWiden, F::kSigned>(w, xq);
+          const __m256i high = dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(s.scale[0], step), acc[r]);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(s.scale[1], step), acc[r]);
           acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
           acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
         } else {
-          const __m256 dot = _mm256_cvtepi32_ps(_mm256_add_epi32(low, high));
+          const __m256 dot = _mm256_cvtepi32_ps(dot_groups<8, F::kWiden, F::kSigned>(w, xq));
           acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
           if constexpr (!F::kSigned) {  // Q8_0 (signed) has no offset: its dot is already sum q x
             acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);

@@ -119,12 +119,6 @@ struct Q6_K {  // w = (d scale) (q - 32), a scale per 16 weights
   }
 };
 
-// Software prefetch while streaming a tile: into L1 kPrefetchBytes ahead, into L2 kPrefetchL2Bytes ahead. The L2
-// request keeps more lines in flight than the L1 one alone (Zen 4, weights of 4,096 x 14,336 read once per call;
-// before / after, GB/s of weights at 1 row, interleaved in one process): Q4_K 41 / 47, Q6_K 31 / 39, Q8_0 48 / 47; at
-// 4 rows 1.14-1.28x; at 16 and 256 rows within 2%; an 8B Q4_K_M model's decode step 3.5-4% shorter.
-constexpr int64_t kPrefetchBytes = 4096, kPrefetchL2Bytes = 32768;
-
 template <class F, int kRows>
 RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
                               int64_t cols, const float* bias, bool accumulate) {

@@ -52,6 +52,13 @@ constexpr int64_t kChunkRows = 8;
 using TileKernel = void (*)(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
                             int64_t ld_out, int64_t cols, const float* bias, bool accumulate);
 
+// Software prefetch while streaming a tile (the AVX2 and AVX-512 kernels): into L1 kPrefetchBytes ahead, into L2
+// kPrefetchL2Bytes ahead; the L2 request keeps more lines in flight than the L1 one alone. GB/s of weights at 1 row
+// (4,096 x 14,336 and 14,336 x 4,096, read once per call; before / after, interleaved runs, Zen 4): AVX-512 Q4_K
+// 41 / 47, Q6_K 31 / 39, Q8_0 48 / 47, at 4 rows 1.14-1.28x, at 16 and 256 rows within 2%; AVX2 (forced on the same
+// CPU) Q4_K 30-37 / 34-36, Q6_K 15-25 / 29-38, at 64 and 256 rows within 3%.
+constexpr int64_t kPrefetchBytes = 4096, kPrefetchL2Bytes = 32768;
+
 TileKernel portable_kernel(int64_t type);
 TileKernel avx2_kernel(int64_t type);
 TileKernel avx512_kernel(int64_t type);

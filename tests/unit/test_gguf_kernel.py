@@ -5,7 +5,7 @@ float rounding, a row's result does not depend on the rows beside it, and bad in
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf_files import random_blocks
+from gguf_files import HALF_FIELDS, random_blocks
 
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
 from radixlm.model.gguf_linear import PATH_AVX2, PATH_AVX512, PATH_BEST, PATH_PORTABLE, GGUFLinear, WeightPart
@@ -202,3 +202,28 @@ def test_rounding_ties_round_half_to_even_as_the_reference():
     expected = reference(x, blocks, 8)
     torch.testing.assert_close(kernels.gguf_linear(x, [tiles], [8], [32], None), expected,
                                atol=1e-5 * expected.abs().max().item(), rtol=0)
+
+
+@needs_extension
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
+def test_largest_quants_times_largest_activations_stay_exact(ggml_type):
+    """Every quant at its largest (bytes 0xff) times activations of +-127: the AVX2 path's int16 sums at their bound
+    (csrc/linear/gguf_avx2.cpp, kWiden) still give the portable path's bits."""
+    kernels = extension()
+    in_features, out_features = 512, 16
+    block_bytes = BLOCK_FORMATS[ggml_type].block_bytes
+    blocks = random_blocks(ggml_type, out_features, in_features, seed=1).reshape(-1, block_bytes)
+    quants = torch.ones(block_bytes, dtype=torch.bool)  # every byte but the float16 scales
+    for offset in HALF_FIELDS[ggml_type]:
+        quants[offset:offset + 2] = False
+    blocks[:, quants] = 0xFF
+    blocks = blocks.reshape(out_features, -1)
+    tiles = pack_tiles(blocks, ggml_type, in_features)
+    x = torch.ones(3, in_features)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    outs = [kernels.gguf_linear(x, [tiles], [ggml_type], [out_features], None, path) for path in kernel_paths()]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    expected = reference(x, blocks, ggml_type)
+    torch.testing.assert_close(outs[0], expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
