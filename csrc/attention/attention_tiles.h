@@ -20,6 +20,53 @@ namespace radixlm_attention {
 
 constexpr int64_t kTile = 64;  // positions scored before each softmax rescale
 
+#if !RADIXLM_BUILD_AVX512 && defined(__AVX2__)
+// 16 lanes as two AVX2 registers. GCC 12 lowers a 64-byte vector type on AVX2 through the stack in these loops (its
+// bfloat16 widening and the tiles' accumulators: 11-13 GFLOP/s, against 48-83 for the AVX-512 build on the same CPU),
+// so the AVX2 build spells the halves out.
+struct v16f {
+  __m256 lo, hi;
+};
+
+inline v16f operator*(v16f a, v16f b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline v16f operator*(__m256 a, v16f b) { return {_mm256_mul_ps(a, b.lo), _mm256_mul_ps(a, b.hi)}; }
+inline v16f operator*(float a, v16f b) { return _mm256_set1_ps(a) * b; }
+inline v16f& operator+=(v16f& a, v16f b) {
+  a = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)};
+  return a;
+}
+
+inline v16f load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+
+inline __m256 widen8(const at::BFloat16* p) {  // bfloat16 is a float32's top half: zero-extend and shift (exact)
+  const __m128i narrow = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(narrow), 16));
+}
+
+inline v16f load16(const at::BFloat16* p) { return {widen8(p), widen8(p + 8)}; }
+
+inline v16f load16(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
+}
+
+inline void store16(float* p, v16f v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+
+// The lane sums of 4 vectors, each its own lanes in a fixed order whatever the other three hold: halves added, then
+// two rounds of pairwise adds.
+inline __m128 sum4(v16f p0, v16f p1, v16f p2, v16f p3) {
+  const auto fold = [](v16f v) { return _mm256_add_ps(v.lo, v.hi); };
+  const __m256 pairs01 = _mm256_hadd_ps(fold(p0), fold(p1));  // per 128-bit lane: p0's two pairs, p1's two
+  const __m256 pairs23 = _mm256_hadd_ps(fold(p2), fold(p3));
+  const __m256 quads = _mm256_hadd_ps(pairs01, pairs23);  // per 128-bit lane: each vector's sum of four
+  return _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1));
+}
+#define RADIXLM_TILES_SUM4 1
+#else
 typedef float v16f __attribute__((vector_size(64)));
 
 inline v16f load16(const float* p) {
@@ -37,12 +84,6 @@ inline v16f load16(const int8_t* p) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
 #if RADIXLM_BUILD_AVX512
   return reinterpret_cast<v16f>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
-#elif defined(__AVX2__)
-  const __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
-                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
-  v16f v;
-  std::memcpy(&v, halves, sizeof(v));
-  return v;
 #else
   v16f v;
   for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(p[i]);
@@ -53,14 +94,11 @@ inline v16f load16(const int8_t* p) {
 inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline float reduce16(v16f v) {
-#if RADIXLM_BUILD_AVX512
-  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
-#else
   float s = 0.f;
   for (int i = 0; i < 16; ++i) s += v[i];
   return s;
-#endif
 }
+#endif
 
 // Asks for one K/V row (one head of one position) ahead of its use, into L2.
 template <typename scalar_t, int64_t kD>
@@ -86,6 +124,8 @@ inline __m128 sum4(__m512 p0, __m512 p1, __m512 p2, __m512 p3) {
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0,
                                                                           0, 0, 0), w));
 }
+
+#define RADIXLM_TILES_SUM4 1  // v16f is __m512's type here: score_group passes its parts as they are
 #endif
 
 // parts[g] = q_g * k, lane by lane, summed over the row's kC vectors: head g's dot product with K row k before its
@@ -111,7 +151,7 @@ inline void score_group(const float* q, const scalar_t* keys, const int64_t* row
   for (int64_t g = 0; g < kG; ++g) {
     for (int64_t c = 0; c < kC; ++c) qv[g][c] = load16(q + (j0 + g) * d + 16 * c);
   }
-#if RADIXLM_BUILD_AVX512
+#if RADIXLM_TILES_SUM4
   for (int64_t i0 = 0; i0 < n; i0 += 4) {  // kTile is a multiple of 4: the 4 scores always fit in the row
     v16f parts[4][kG];  // [position][head]
     for (int64_t t = 0; t < 4; ++t) {
@@ -124,8 +164,7 @@ inline void score_group(const float* q, const scalar_t* keys, const int64_t* row
       dot_parts<scalar_t, kC, kG>(qv, keys + rows[i] + h * d, parts[t]);
     }
     for (int64_t g = 0; g < kG; ++g) {
-      const __m128 sums = sum4(reinterpret_cast<__m512>(parts[0][g]), reinterpret_cast<__m512>(parts[1][g]),
-                               reinterpret_cast<__m512>(parts[2][g]), reinterpret_cast<__m512>(parts[3][g]));
+      const __m128 sums = sum4(parts[0][g], parts[1][g], parts[2][g], parts[3][g]);
       _mm_storeu_ps(scores + (j0 + g) * kTile + i0, _mm_mul_ps(sums, _mm_set1_ps(scale)));
     }
   }
@@ -163,9 +202,16 @@ inline void value_group(float* acc, const scalar_t* values, const int64_t* rows,
   }
 }
 
-// Query heads per register group: kG * kC accumulators plus a row must fit in 32 vector registers.
+// Query heads per register group: kG * kC accumulators plus a row must fit in 32 vector registers (AVX-512). The
+// AVX2 build's 16 registers hold 8 lanes each, so its groups are of 2 heads: at head_dim 64 and 128, 1.2-2x as fast
+// as groups of 1 or 4 (Zen 4, the AVX2 build forced).
+#if RADIXLM_BUILD_AVX512
 template <int64_t kC>
 constexpr int64_t kGroup = kC <= 4 ? 4 : 2;
+#else
+template <int64_t kC>
+constexpr int64_t kGroup = 2;
+#endif
 
 // Runs `phase<kG>(j0)` over the query heads [j_begin, j_end) in groups of at most kGroup<kC>.
 template <int64_t kC, typename Phase>
