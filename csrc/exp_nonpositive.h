@@ -1,5 +1,5 @@
 // exp(x) for x <= 0, shared by the decode kernel's softmax (csrc/attention) and the gated MLP's activation
-// (csrc/activation): a scalar form the compiler vectorises, and with AVX-512 the same steps on 16 lanes.
+// (csrc/activation): a scalar form the compiler vectorises, and the same steps on 16 lanes (AVX-512) or 8 (AVX2).
 #pragma once
 
 #include <algorithm>
@@ -48,6 +48,22 @@ __attribute__((target("avx512f"))) inline __m512 exp16_nonpositive(__m512 x) {
   y = _mm512_fmadd_ps(_mm512_mul_ps(y, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(exponent));
+}
+
+// exp16_nonpositive's steps on 8 lanes, for the AVX2 build's bfloat16 kernels (silu_and_mul).
+__attribute__((target("avx2,fma"))) inline __m256 exp8_nonpositive(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // this order keeps a NaN, as above
+  const __m256 round = _mm256_set1_ps(12582912.0f);
+  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), round), round);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+  }
+  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
 }
 
 }  // namespace radixlm

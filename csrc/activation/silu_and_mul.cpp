@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "bf16_vec.h"
 #include "exp_nonpositive.h"
@@ -29,6 +30,14 @@ inline v16f exp_minus_abs(v16f x) {
   const v16f minus_abs = x < 0 ? x : -x;  // a NaN stays a NaN
 #if RADIXLM_BUILD_AVX512
   return reinterpret_cast<v16f>(radixlm::exp16_nonpositive(reinterpret_cast<__m512>(minus_abs)));
+#elif defined(__AVX2__)
+  __m256 halves[2];
+  std::memcpy(halves, &minus_abs, sizeof(halves));
+  halves[0] = radixlm::exp8_nonpositive(halves[0]);
+  halves[1] = radixlm::exp8_nonpositive(halves[1]);
+  v16f e;
+  std::memcpy(&e, halves, sizeof(e));
+  return e;
 #else
   v16f e;
   for (int i = 0; i < 16; ++i) e[i] = radixlm::exp_nonpositive(minus_abs[i]);
