@@ -15,29 +15,17 @@
 
 #include "bf16_vec.h"
 #include "isa.h"
+#include "vec16.h"
 
 namespace radixlm_attention {
 
 constexpr int64_t kTile = 64;  // positions scored before each softmax rescale
 
-#if !RADIXLM_BUILD_AVX512 && defined(__AVX2__)
-// 16 lanes as two AVX2 registers. GCC 12 lowers a 64-byte vector type on AVX2 through the stack in these loops (its
-// bfloat16 widening and the tiles' accumulators: 11-13 GFLOP/s, against 48-83 for the AVX-512 build on the same CPU),
-// so the AVX2 build spells the halves out.
-struct v16f {
-  __m256 lo, hi;
-};
+using radixlm_vec::load16;
+using radixlm_vec::store16;
+using radixlm_vec::v16f;
 
-inline v16f operator*(v16f a, v16f b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
-inline v16f operator*(__m256 a, v16f b) { return {_mm256_mul_ps(a, b.lo), _mm256_mul_ps(a, b.hi)}; }
-inline v16f operator*(float a, v16f b) { return _mm256_set1_ps(a) * b; }
-inline v16f& operator+=(v16f& a, v16f b) {
-  a = {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)};
-  return a;
-}
-
-inline v16f load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-
+#if RADIXLM_VEC16_HALVES
 inline __m256 widen8(const at::BFloat16* p) {  // bfloat16 is a float32's top half: zero-extend and shift (exact)
   const __m128i narrow = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(narrow), 16));
@@ -51,11 +39,6 @@ inline v16f load16(const int8_t* p) {
           _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
 }
 
-inline void store16(float* p, v16f v) {
-  _mm256_storeu_ps(p, v.lo);
-  _mm256_storeu_ps(p + 8, v.hi);
-}
-
 // The lane sums of 4 vectors, each its own lanes in a fixed order whatever the other three hold: halves added, then
 // two rounds of pairwise adds.
 inline __m128 sum4(v16f p0, v16f p1, v16f p2, v16f p3) {
@@ -67,14 +50,6 @@ inline __m128 sum4(v16f p0, v16f p1, v16f p2, v16f p3) {
 }
 #define RADIXLM_TILES_SUM4 1
 #else
-typedef float v16f __attribute__((vector_size(64)));
-
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
 // bfloat16 widened exactly (bf16_vec.h: one zero-extending load and a shift with AVX-512).
 inline v16f load16(const at::BFloat16* p) { return radixlm_bf16::load16(reinterpret_cast<const uint16_t*>(p)); }
 
@@ -89,14 +64,6 @@ inline v16f load16(const int8_t* p) {
   for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(p[i]);
   return v;
 #endif
-}
-
-inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
-
-inline float reduce16(v16f v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
 }
 #endif
 
@@ -173,7 +140,7 @@ inline void score_group(const float* q, const scalar_t* keys, const int64_t* row
     if (i < num_next) prefetch_row<scalar_t, d>(keys + next[i] + h * d);
     v16f parts[kG];
     dot_parts<scalar_t, kC, kG>(qv, keys + rows[i] + h * d, parts);
-    for (int64_t g = 0; g < kG; ++g) scores[(j0 + g) * kTile + i] = reduce16(parts[g]) * scale;
+    for (int64_t g = 0; g < kG; ++g) scores[(j0 + g) * kTile + i] = radixlm_vec::hsum(parts[g]) * scale;
   }
 #endif
 }

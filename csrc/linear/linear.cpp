@@ -16,25 +16,15 @@
 #include <cstring>
 
 #include "kernel_checks.h"
+#include "vec16.h"
 
 namespace {
 
 constexpr int64_t kMaxRows = 9;  // a decode verifying up to 8 draft tokens
 
-// 16 floats; GCC lowers this to one AVX-512 register or two AVX2 ones.
-typedef float v16f __attribute__((vector_size(64)));
-
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline float hsum(v16f v) {
-  float s = 0.f;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
-}
+using radixlm_vec::hsum;
+using radixlm_vec::load16;
+using radixlm_vec::v16f;
 
 // out[m, n0 .. n0 + kTileN) for all rows m of x, from weight rows n0 .. (exactly kTileN of them).
 template <int64_t kRows, int64_t kTileN>
@@ -98,6 +88,20 @@ at::Tensor radixlm::small_batch_linear(const at::Tensor& input, const at::Tensor
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n_dim, radixlm::grain_rows(k_dim * 4), [&](int64_t begin, int64_t end) {
+#if RADIXLM_VEC16_HALVES
+    // 16 AVX2 registers of 8 lanes: 4 weight rows side by side for one input row, 2 for more, and rows 3 at a time
+    // (each pass reads the tile's weight rows again, from L2). A row's sums are the same whatever the tile.
+    if (m_dim == 1) return gemv_range<1, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end);
+    for (int64_t m0 = 0; m0 < m_dim; m0 += 3) {
+      const float* x_rows = xp + m0 * k_dim;
+      float* out_rows = op + m0 * n_dim;
+      switch (std::min<int64_t>(3, m_dim - m0)) {
+        case 1: gemv_range<1, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
+        case 2: gemv_range<2, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
+        default: gemv_range<3, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
+      }
+    }
+#else
     // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
     switch (m_dim) {
       case 1: gemv_range<1, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
@@ -110,6 +114,7 @@ at::Tensor radixlm::small_batch_linear(const at::Tensor& input, const at::Tensor
       case 8: gemv_range<8, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
       default: gemv_range<9, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
     }
+#endif
   });
   return out;
 }
