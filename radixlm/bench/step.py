@@ -140,11 +140,16 @@ def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> i
 
 def _part_bandwidths(engine: LLMEngine) -> tuple[float, float]:
     """Bytes per second of one streaming read over the linear layers' weights, and of one over the KV cache."""
-    weights = weight_tensors(engine.runner.model)
     cache = engine.runner.kv_cache
     caches = [*cache.key_caches, *cache.value_caches, *cache.key_scales, *cache.value_scales]
-    return (sum(t.numel() * t.element_size() for t in weights) / read_seconds(weights, repeats=1),
-            sum(t.numel() * t.element_size() for t in caches) / read_seconds(caches, repeats=1))
+    return tensors_bandwidth(weight_tensors(engine.runner.model)), tensors_bandwidth(caches)
+
+
+def tensors_bandwidth(tensors: list[torch.Tensor]) -> float:
+    """Bytes per second of one streaming read over `tensors`; with no bytes to read (every linear reads a packed copy
+    a reduction cannot: fbgemm's int8 weights on a CPU without the int8 kernel), a fresh buffer's."""
+    num_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    return num_bytes / read_seconds(tensors, repeats=1) if num_bytes > 0 else read_bandwidth(repeats=1)
 
 
 def _prefill(engine: LLMEngine, num_requests: int, context_len: int, shared: bool, seed: int) -> None:

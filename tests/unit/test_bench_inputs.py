@@ -2,6 +2,7 @@
 starts."""
 
 import pytest
+import torch
 
 from radixlm.bench.peers import MAX_CONCURRENCY, MAX_REQUESTS, Case
 from radixlm.bench.workload import MAX_LENGTH, parse_range
@@ -67,3 +68,12 @@ def test_each_case_draws_its_own_prompts(monkeypatch) -> None:
     peers.measure("http://x", cases, None, 7, ("64-256", None))
     peers.measure("http://y", cases, None, 7, ("64-256", None))
     assert seeds == [7, 8, 9, 7, 8, 9]
+
+
+def test_bandwidth_of_no_readable_tensors_falls_back_to_a_fresh_buffer():
+    """On a CPU where every linear reads a packed copy (fbgemm's int8 weights without the int8 kernel), `bench step`
+    still has a bound to divide by."""
+    from radixlm.bench.step import tensors_bandwidth
+
+    assert tensors_bandwidth([]) > 0
+    assert tensors_bandwidth([torch.ones(1 << 16)]) > 0
