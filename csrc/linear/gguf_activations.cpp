@@ -1,5 +1,5 @@
 // The GGUF linear's activation quantization (gguf_activations.h): the scalar quantize_block, which the AVX2 and
-// AVX-512 versions (gguf_avx2.cpp, gguf_avx512.cpp) match bit for bit, and the rows' loop over K-blocks.
+// AVX-512 versions (gguf_quantize_simd.cpp) match bit for bit, and the rows' loop over K-blocks.
 
 #include "gguf_activations.h"
 

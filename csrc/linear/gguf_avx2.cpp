@@ -1,10 +1,10 @@
 // The GGUF linear's AVX2 kernels (gguf_kernels.h), for CPUs without AVX-512 VNNI (Zen 3 and older): the tile's 16
 // output rows are two registers of 8 int32 lanes, each lane's 4 weights multiplied by 4 activation bytes with
 // vpmaddubsw (pairs of unsigned x signed bytes into int16) and vpmaddwd (pairs of int16 into int32), the int16 pairs
-// of several groups added first where their sum cannot overflow (kWiden: all 8 groups of a 4-bit K-block, 1.2x at
-// 64-256 rows of Q4_K). The int16 pairs stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's
-// 8-bit ones would not, so Q8_0 takes |q| times the activation with q's sign (vpsignb): the true dot product, which
-// the other paths reach by taking the stored q + 128's share (offset32) back in int32.
+// of several groups added first where their sum cannot overflow (all 8 groups of a 4-bit K-block, 2 of Q6_K's). The
+// int16 pairs stay below 2^15 for 4- and 6-bit quants (15 x 127 x 2, 63 x 127 x 2); Q8_0's 8-bit ones would not, so
+// Q8_0 takes |q| times the activation with q's sign (vpsignb): the true dot product, which the other paths reach by
+// taking the stored q + 128's share (offset32) back in int32.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX2, isa.h), so the file builds whatever the build's -march, and runs
@@ -12,9 +12,6 @@
 
 #include "gguf_kernels.h"
 #include "isa.h"
-
-#include <cmath>
-#include <limits>
 
 namespace radixlm_gguf {
 namespace {
@@ -50,11 +47,11 @@ struct Scales {
 };
 
 // kWiden: groups whose int16 pairs may be added before widening. A pair of 4-bit quants (at most 15) times
-// activations (|x| <= 127) is at most 3,810, so all 8 groups fit; 6-bit (63) 16,002, two groups; Q8_0's |q| (up to
-// 128) 32,512, one.
+// activations (|x| <= 127) is at most 3,810, so all 8 groups fit (nibble_rows); 6-bit (63) 16,002, two groups;
+// Q8_0's |q| (up to 128) 32,512, one.
 struct Q8_0 {
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = 544;
-  static constexpr bool kHalves = false, kSigned = true;
+  static constexpr bool kHalves = false, kSigned = true, kNibbles = false;
   static constexpr int kWiden = 1;
   RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
@@ -67,34 +64,34 @@ struct Q8_0 {
   }
 };
 
+// The 4-bit formats (kNibbles) run nibble_rows: `scales` sets a K-block's scale and offset for one half of the tile
+// and returns its quants (4 vectors of 64 bytes: vector p's low nibbles are group p, its high ones group p + 4).
 template <bool kMin>
 struct Q4Legacy {
   static constexpr int64_t kSuperWeights = 32, kSuperBytes = kMin ? 320 : 288;
-  static constexpr bool kHalves = false, kSigned = false;
-  static constexpr int kWiden = 8;
-  RADIXLM_AVX2 static void block(const uint8_t* super, int, int half, Scales& s, __m256i* w) {
+  static constexpr bool kNibbles = true;
+  RADIXLM_AVX2 static const uint8_t* scales(const uint8_t* super, int, int half, Scales& s) {
     const __m256 d = halves8(super + 16 * half);
     s.scale[0] = d;
     s.offset[0] = kMin ? halves8(super + 32 + 16 * half) : _mm256_mul_ps(_mm256_set1_ps(-8.f), d);
-    nibbles(super + (kMin ? 64 : 32), half, w);
+    return super + (kMin ? 64 : 32);
   }
 };
 
 struct Q4_K {
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 2368;
-  static constexpr bool kHalves = false, kSigned = false;
-  static constexpr int kWiden = 8;
-  RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
+  static constexpr bool kNibbles = true;
+  RADIXLM_AVX2 static const uint8_t* scales(const uint8_t* super, int j, int half, Scales& s) {
     s.scale[0] = _mm256_mul_ps(halves8(super + 16 * half), bytes8(super + 64 + 16 * j + 8 * half, false));
     const __m256 dmin = halves8(super + 32 + 16 * half);
     s.offset[0] = negate(_mm256_mul_ps(dmin, bytes8(super + 192 + 16 * j + 8 * half, false)));
-    nibbles(super + 320 + 256 * j, half, w);
+    return super + 320 + 256 * j;
   }
 };
 
 struct Q6_K {
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
-  static constexpr bool kHalves = true, kSigned = false;
+  static constexpr bool kHalves = true, kSigned = false, kNibbles = false;
   static constexpr int kWiden = 2;
   RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
@@ -134,129 +131,154 @@ RADIXLM_AVX2 inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   return sum;
 }
 
+// A chunk's running sums for one half of the tile (8 output columns, `valid` of them real: it may be <= 0): loaded
+// from out when `accumulate`, else zero; stored back with the bias.
+template <int kRows>
+RADIXLM_AVX2 inline void start_sums(__m256* acc, const float* out, int64_t ld_out, int64_t valid, bool accumulate) {
+  for (int r = 0; r < kRows; ++r) {
+    alignas(32) float v[8] = {};
+    for (int64_t c = 0; accumulate && c < valid && c < 8; ++c) v[c] = out[r * ld_out + c];
+    acc[r] = _mm256_load_ps(v);
+  }
+}
+
+template <int kRows>
+RADIXLM_AVX2 inline void finish_sums(const __m256* acc, float* out, int64_t ld_out, int64_t valid, const float* bias) {
+  for (int r = 0; r < kRows; ++r) {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, acc[r]);
+    for (int64_t c = 0; c < valid && c < 8; ++c) out[r * ld_out + c] = bias ? v[c] + bias[c] : v[c];
+  }
+}
+
+// K-block j of a super-block's share of the tile, requested kPrefetchBytes and kPrefetchL2Bytes ahead. Only the
+// first half's pass asks: it reads the tile from memory, the second finds it in L1.
+template <class F>
+RADIXLM_AVX2 inline void prefetch_block(const uint8_t* super, int j) {
+  constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
+  const uint8_t* ahead = super + F::kSuperBytes * j / kPerSuper;
+  for (int64_t line = 0; line < F::kSuperBytes / kPerSuper; line += 64) {
+    _mm_prefetch(ahead + kPrefetchBytes + line, _MM_HINT_T0);
+    _mm_prefetch(ahead + kPrefetchL2Bytes + line, _MM_HINT_T1);
+  }
+}
+
+// Q8_0 and Q6_K: a K-block's 8 weight vectors unpacked first, then each row's dot products (dot_groups), 4 rows a
+// pass (kRowsPerChunk).
 template <class F, int kRows>
 RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
                             int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
-  const int64_t blocks = x.k / kBlock;
+  const int64_t blocks = x.k / kBlock, valid = cols - 8 * half;
+  float* out_half = out + m0 * ld_out + 8 * half;
   __m256 acc[kRows];
-  const int64_t valid = cols - 8 * half;  // columns of this half to read and write (may be <= 0)
-  for (int r = 0; r < kRows; ++r) {
-    alignas(32) float v[8] = {};
-    for (int64_t c = 0; accumulate && c < valid && c < 8; ++c) v[c] = out[(m0 + r) * ld_out + 8 * half + c];
-    acc[r] = _mm256_load_ps(v);
-  }
+  start_sums<kRows>(acc, out_half, ld_out, valid, accumulate);
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
       Scales s;
       __m256i w[8];
-      if (half == 0) {  // the first half's pass reads the tile from memory, the second finds it in L1
-        const uint8_t* ahead = tile + F::kSuperBytes * j / kPerSuper;
-        for (int64_t line = 0; line < F::kSuperBytes / kPerSuper; line += 64) {
-          _mm_prefetch(ahead + kPrefetchBytes + line, _MM_HINT_T0);
-          _mm_prefetch(ahead + kPrefetchL2Bytes + line, _MM_HINT_T1);
-        }
-      }
+      if (half == 0) prefetch_block<F>(tile, j);
       F::block(tile, j, half, s, w);
       for (int r = 0; r < kRows; ++r) {
-        const int64_t m = m0 + r;
-        const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
-        const __m256 step = _mm256_set1_ps(x.step[m * x.row_blocks + b]);
+        const int64_t mb = (m0 + r) * x.row_blocks + b;
+        const int8_t* xq = x.q + mb * kBlock;
+        const __m256 step = _mm256_set1_ps(x.step[mb]);
         if constexpr (F::kHalves) {
           const __m256i low = dot_groups<4, F::kWiden, F::kSigned>(w, xq);
           const __m256i high = dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(s.scale[0], step), acc[r]);
           acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(s.scale[1], step), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
-        } else {
+          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * mb]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * mb + 1]), acc[r]);
+        } else {  // Q8_0 (signed): no offset, its dot is already sum q x
           const __m256 dot = _mm256_cvtepi32_ps(dot_groups<8, F::kWiden, F::kSigned>(w, xq));
           acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
-          if constexpr (!F::kSigned) {  // Q8_0 (signed) has no offset: its dot is already sum q x
-            acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
-          }
         }
       }
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    alignas(32) float v[8];
-    _mm256_store_ps(v, acc[r]);
-    for (int64_t c = 0; c < valid && c < 8; ++c) {
-      out[(m0 + r) * ld_out + 8 * half + c] = bias ? v[c] + bias[8 * half + c] : v[c];
+  finish_sums<kRows>(acc, out_half, ld_out, valid, bias ? bias + 8 * half : nullptr);
+}
+
+// The 4-bit formats: the rows inside the loop over a K-block's 4 quant vectors, so that only one vector's two
+// nibble groups are live while every row's int16 sum grows (all 8 groups fit in int16: see kWiden), 8 rows' sums in
+// registers. Unpacked ahead of the rows as half_rows does, the 8 vectors and 4 rows' sums left too few registers:
+// Q4_K at 8-256 rows 1.13-1.15x faster this way (Zen 4, RADIXLM_KERNEL_ISA=avx2; 1-4 rows the same), with the same
+// integer sums, so the same bits. GCC's choices decide it: with tile_rows looping over the halves instead of calling
+// this twice, it unrolled the quant loop and spilled two rows' sums (0.75x).
+template <class F, int kRows>
+RADIXLM_AVX2 void nibble_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
+                              int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
+  constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
+  const int64_t blocks = x.k / kBlock, valid = cols - 8 * half;
+  float* out_half = out + m0 * ld_out + 8 * half;
+  const __m256i low4 = _mm256_set1_epi8(15);
+  __m256 acc[kRows];
+  start_sums<kRows>(acc, out_half, ld_out, valid, accumulate);
+  for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
+    for (int j = 0; j < kPerSuper; ++j) {
+      const int64_t b = b0 + j;
+      if (half == 0) prefetch_block<F>(tile, j);
+      Scales s;
+      const uint8_t* quants = F::scales(tile, j, half, s);
+      __m256i pairs[kRows];
+      const int8_t* xq[kRows];
+      for (int r = 0; r < kRows; ++r) xq[r] = x.q + ((m0 + r) * x.row_blocks + b) * kBlock;
+      for (int p = 0; p < 4; ++p) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * p + 32 * half));
+        const __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int r = 0; r < kRows; ++r) {
+          const __m256i a = _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xq[r] + 4 * p)));
+          const __m256i c = _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xq[r] + 4 * p + 16)));
+          pairs[r] = p == 0 ? _mm256_add_epi16(a, c) : _mm256_add_epi16(pairs[r], _mm256_add_epi16(a, c));
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t mb = (m0 + r) * x.row_blocks + b;
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], _mm256_set1_ps(x.step[mb])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[mb]), acc[r]);
+      }
     }
   }
+  finish_sums<kRows>(acc, out_half, ld_out, valid, bias ? bias + 8 * half : nullptr);
 }
 
 template <class F, int kRows>
 RADIXLM_AVX2 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
                             int64_t cols, const float* bias, bool accumulate) {
-  half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
-  if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
+  if constexpr (F::kNibbles) {
+    nibble_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+    if (cols > 8) nibble_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
+  } else {
+    half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+    if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
+  }
 }
 
+// Rows by chunks: 4 (half_rows: its 8 weight vectors leave registers for 4 rows' sums) or 8 (nibble_rows, up to
+// kChunkRows, all of a call).
 template <class F>
 RADIXLM_AVX2 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
                               int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
-  for (; rows >= kRowsPerChunk; rows -= kRowsPerChunk, m0 += kRowsPerChunk) {
-    tile_rows<F, kRowsPerChunk>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+  constexpr int64_t kChunk = F::kNibbles ? kChunkRows : kRowsPerChunk;
+  for (; rows >= kChunk; rows -= kChunk, m0 += kChunk) {
+    tile_rows<F, kChunk>(tile, x, m0, out, ld_out, cols, bias, accumulate);
   }
   switch (rows) {
     case 1: return tile_rows<F, 1>(tile, x, m0, out, ld_out, cols, bias, accumulate);
     case 2: return tile_rows<F, 2>(tile, x, m0, out, ld_out, cols, bias, accumulate);
     case 3: return tile_rows<F, 3>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 4: return tile_rows<F, 4>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 5: return tile_rows<F, 5>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 6: return tile_rows<F, 6>(tile, x, m0, out, ld_out, cols, bias, accumulate);
+    case 7: return tile_rows<F, 7>(tile, x, m0, out, ld_out, cols, bias, accumulate);
     default: return;
   }
 }
 
-RADIXLM_AVX2 inline int32_t sum8(__m256i v) {  // exact in any order
-  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-  return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
-}
-
-// quantize_block_avx2 (gguf_kernels.h): the scalar quantize_block's operations on 8 lanes, as the AVX-512 version.
-RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
-                                           float* sum16) {
-  __m256 v[4], top8 = _mm256_setzero_ps();
-  int below_inf = 0xff;
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    const __m256 magnitude = _mm256_andnot_ps(_mm256_set1_ps(-0.f), v[i]);
-    // An ordered compare: false for NaN as for inf.
-    below_inf &= _mm256_movemask_ps(
-        _mm256_cmp_ps(magnitude, _mm256_set1_ps(std::numeric_limits<float>::infinity()), _CMP_LT_OQ));
-    top8 = _mm256_max_ps(top8, magnitude);
-  }
-  const bool finite = below_inf == 0xff;
-  __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
-  top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
-  const float top = finite ? _mm_cvtss_f32(_mm_max_ss(top4, _mm_shuffle_ps(top4, top4, 1))) : 0.f;
-  const float inverse = 127.f / top;
-  const bool usable = finite && top > 0.f && std::isfinite(inverse);
-  __m256i n[4];
-  for (int i = 0; i < 4; ++i) {
-    n[i] = usable ? _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse))) : _mm256_setzero_si256();
-  }
-  // Packing interleaves the 128-bit lanes: 4-byte groups come out as n0[0:4] n1[0:4] n2[0:4] n3[0:4] n0[4:8] ...
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  const int32_t halves[2] = {sum8(_mm256_add_epi32(n[0], n[1])), sum8(_mm256_add_epi32(n[2], n[3]))};
-  *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  const int32_t sum = halves[0] + halves[1];
-  *offset32 = -128 * sum;
-  *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
-}
-
 }  // namespace
-
-void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
-  quantize_block_avx2_impl(x, q, step, offset32, sum32, sum16);
-}
 
 TileKernel avx2_kernel(int64_t type) {
   switch (type) {

@@ -16,9 +16,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include <cmath>
-#include <limits>
-
 namespace radixlm_gguf {
 namespace {
 
@@ -193,39 +190,7 @@ RADIXLM_AVX512 void tile_kernel(const uint8_t* tile, const Activations& x, int64
   }
 }
 
-// quantize_block_avx512 (gguf_kernels.h): the scalar quantize_block's operations on 16 lanes. The maximum and the
-// integer sums are exact in any order, and the conversion rounds half to even like nearbyint (MXCSR's default mode).
-RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
-                                               float* sum16) {
-  const __m512 half[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
-  const __m512 magnitude[2] = {_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])};
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  // Not below infinity: inf or NaN (an unordered compare is true).
-  const bool finite = !(_mm512_cmp_ps_mask(magnitude[0], inf, _CMP_NLT_UQ) |
-                        _mm512_cmp_ps_mask(magnitude[1], inf, _CMP_NLT_UQ));
-  const float top = finite ? _mm512_reduce_max_ps(_mm512_max_ps(magnitude[0], magnitude[1])) : 0.f;
-  const float inverse = 127.f / top;
-  const bool usable = finite && top > 0.f && std::isfinite(inverse);
-  int32_t halves[2] = {0, 0};
-  for (int h = 0; h < 2; ++h) {
-    const __m512i v = usable ? _mm512_cvtps_epi32(_mm512_mul_ps(half[h], _mm512_set1_ps(inverse)))
-                             : _mm512_setzero_si512();
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16 * h), _mm512_cvtsepi32_epi8(v));
-    halves[h] = _mm512_reduce_add_epi32(v);
-  }
-  *step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.f : 0.f;
-  const int32_t sum = halves[0] + halves[1];
-  *offset32 = -128 * sum;
-  *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
-}
-
 }  // namespace
-
-void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
-  quantize_block_avx512_impl(x, q, step, offset32, sum32, sum16);
-}
 
 TileKernel avx512_kernel(int64_t type) {
   switch (type) {

@@ -64,7 +64,7 @@ TileKernel avx2_kernel(int64_t type);
 TileKernel avx512_kernel(int64_t type);
 
 // One K-block of 32 activations quantized as gguf_activations.cpp's scalar quantize_block does (the same results),
-// with AVX-512 (only where isa::cpu_has_avx512()) or AVX2 (isa::cpu_has_avx2()).
+// with AVX-512 (only where isa::cpu_has_avx512()) or AVX2 (isa::cpu_has_avx2()): gguf_quantize_simd.cpp.
 void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16);
 void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16);
 
