@@ -22,15 +22,18 @@ from pathlib import Path
 
 import torch
 
+from radixlm.model.gguf_blocks import BLOCK_FORMATS
+from radixlm.model.gguf_file import TensorInfo, read_gguf
 from radixlm.model.ops import kernel_isa
 
 # One loop per probe: `count` iterations of 8 independent instructions (each writes its own register, so none waits
-# for another); `pairs` probes interleave two kinds, 4 of each.
+# for another; the sources, registers 0 and 1, are zeroed first); the interleaved probe has 4 of each kind.
 LOOP = """
 static double {name}(long count) {{
   double t0 = now();
-  __asm__ volatile("mov %0, %%rcx\\n1:\\n" {body} "dec %%rcx\\n jnz 1b\\n" :: "r"(count)
-                   : "rcx", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9");
+  __asm__ volatile("{zero} %%{reg}0, %%{reg}0, %%{reg}0\\n {zero} %%{reg}1, %%{reg}1, %%{reg}1\\n"
+                   "mov %0, %%rcx\\n1:\\n" {body} "dec %%rcx\\n jnz 1b\\n" :: "r"(count)
+                   : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9");
   return 8.0 * count / (now() - t0) / 1e9;
 }}
 """
@@ -50,7 +53,9 @@ def _probe_source() -> str:
              "return t.tv_sec + t.tv_nsec * 1e-9; }\n"]
     for name, (instructions, feature) in PROBES.items():
         body = " ".join(f'"{ins.format(r=2 + i)}\\n"' for i, ins in enumerate(instructions))
-        parts.append(LOOP.format(name=f"loop_{name}", body=body))
+        wide = "zmm" in instructions[0]
+        parts.append(LOOP.format(name=f"loop_{name}", body=body, reg="zmm" if wide else "ymm",
+                                 zero="vpxord" if wide else "vpxor"))
         parts.append(f"double probe_{name}(long count) {{ __builtin_cpu_init(); "
                      f"return __builtin_cpu_supports(\"{feature}\") ? loop_{name}(count) : -1.0; }}\n")
     return "".join(parts)
@@ -74,20 +79,22 @@ def instruction_rates(count: int = 50_000_000) -> dict[str, float]:
 
 
 def file_tensors(path: str) -> dict[str, tuple[int, torch.Tensor, int]]:
-    """One 2-D tensor of each block type in the GGUF file: type name -> (ggml type, rows, in_features); the largest
-    one a decoder layer holds, so that it is a real shape."""
-    import gguf
-    reader = gguf.GGUFReader(path)
-    chosen: dict[str, tuple[int, torch.Tensor, int]] = {}
-    for tensor in reader.tensors:
-        if len(tensor.shape) != 2 or not tensor.name.startswith("blk."):
+    """One 2-D tensor of each block type in the GGUF file: type name -> (ggml type, its rows of blocks, in_features);
+    the largest one a decoder layer holds, so that it is a real shape."""
+    chosen: dict[str, TensorInfo] = {}
+    for tensor in read_gguf(Path(path)).tensors:
+        if len(tensor.shape) != 2 or not tensor.name.startswith("blk.") or tensor.ggml_type not in BLOCK_FORMATS:
             continue
-        name, in_features, out_features = tensor.tensor_type.name, int(tensor.shape[0]), int(tensor.shape[1])
-        if name in chosen and chosen[name][1].shape[0] * chosen[name][2] >= out_features * in_features:
-            continue
-        rows = torch.from_numpy(tensor.data.copy()).view(torch.uint8).reshape(out_features, -1)
-        chosen[name] = (int(tensor.tensor_type), rows, in_features)
-    return chosen
+        name = BLOCK_FORMATS[tensor.ggml_type].name
+        if name not in chosen or chosen[name].num_bytes < tensor.num_bytes:
+            chosen[name] = tensor
+    with open(path, "rb") as file:
+        result = {}
+        for name, tensor in chosen.items():
+            file.seek(tensor.offset)
+            rows = torch.frombuffer(bytearray(file.read(tensor.num_bytes)), dtype=torch.uint8)
+            result[name] = (tensor.ggml_type, rows.reshape(tensor.shape[0], -1), tensor.shape[1])
+    return result
 
 
 def kernel_rates(path: str, row_counts: list[int], seconds: float) -> list[tuple[str, list[int], int, float]]:
