@@ -110,13 +110,33 @@ def kernel_rates(path: str, row_counts: list[int], seconds: float) -> list[tuple
             x = torch.randn(num_rows, in_features)
             linear(x)
             calls, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds:
+            while calls == 0 or time.perf_counter() - start < seconds:
                 linear(x)
                 calls += 1
             per_call = (time.perf_counter() - start) / calls
             gops = 2 * num_rows * in_features * linear.out_features / per_call / 1e9
             results.append((name, [linear.out_features, in_features], num_rows, gops))
     return results
+
+
+MAX_ROWS, MAX_SECONDS = 4096, 60.0
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The row counts; exits through `parser.error` (a usage message, status 2) on any value out of range."""
+    if not Path(args.model).is_file():
+        parser.error(f"--model: no such file: {args.model[:200]}")
+    try:
+        row_counts = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        parser.error(f"--rows must be comma-separated integers, got {args.rows[:200]!r}")
+    if not row_counts or len(row_counts) > 16 or not all(1 <= r <= MAX_ROWS for r in row_counts):
+        parser.error(f"--rows takes 1 to 16 counts in [1, {MAX_ROWS}], got {args.rows[:200]!r}")
+    if not 1 <= args.threads <= 1024:
+        parser.error(f"--threads must be in [1, 1024], got {args.threads}")
+    if not 0 < args.seconds <= MAX_SECONDS:  # false for NaN too
+        parser.error(f"--seconds must be in (0, {MAX_SECONDS:g}], got {args.seconds}")
+    return row_counts
 
 
 def main() -> None:
@@ -126,6 +146,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
     args = parser.parse_args()
+    row_counts = _check_args(parser, args)
     torch.set_num_threads(args.threads)
     rates = instruction_rates()
     for name, rate in rates.items():
@@ -140,7 +161,7 @@ def main() -> None:
     peak = 2 * rates.get(peak_name, 0.0) * MACS[peak_name] * args.threads
     print(f"\nkernel path {isa}, {args.threads} threads; int8 peak ({peak_name}, all threads): {peak:.0f} GOP/s")
     print("| block type | weight [out, in] | rows | GOP/s | of the peak |\n|---|---|---|---|---|")
-    for name, shape, num_rows, gops in kernel_rates(args.model, [int(r) for r in args.rows.split(",")], args.seconds):
+    for name, shape, num_rows, gops in kernel_rates(args.model, row_counts, args.seconds):
         share = f"{gops / peak:.0%}" if peak else "-"
         print(f"| {name} | {shape} | {num_rows} | {gops:.0f} | {share} |")
 
