@@ -3,8 +3,10 @@
 //
 // At one row a linear layer is a matrix-vector product that must read every weight once: it is bound by memory
 // bandwidth, not arithmetic. A general GEMM at M = 1 pays packing and blocking meant for large M; here each thread
-// takes a contiguous range of output channels and streams their weight rows once, four rows side by side (four
-// independent memory streams), against every input row held in L1.
+// takes a contiguous range of output channels and streams their weight rows once, a tile of several rows side by
+// side, against every input row held in L1 or L2; software prefetch requests the next tile while one is multiplied.
+// Each output is the sum of 16 lane sums over K, added in lane order (hsum's order), so a row's result does not
+// depend on the tile, the rows beside it or the threads.
 
 #include "linear.h"
 
@@ -18,34 +20,108 @@
 #include "kernel_checks.h"
 #include "vec16.h"
 
+// GCC 12 reports the undefined pass-through operands inside its own AVX-512 intrinsics (the shuffles of lane_sums) as
+// uninitialized once they are inlined here: false positives of the header (as in gguf_avx512.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 namespace {
 
-constexpr int64_t kMaxRows = 9;  // a decode verifying up to 8 draft tokens
+// Above kMaxRows PyTorch's GEMM runs (radixlm.model.small_batch.MAX_ROWS). The default model's decode steps in float32
+// (`radixlm bench step`, this Zen 4, against MKL above 9 rows before): 8 rows 47-49 -> 32-34 ms, 16 88-100 -> 55-57,
+// 32 125-140 -> 88-89, 64 195-227 -> 159 (MKL on this AMD CPU: 50-115 GFLOP/s at 16 rows).
+constexpr int64_t kMaxRows = 64;
+// Above kSingleGroupRows rows x is taken in groups of kGroupRows against tiles of kGroupTileN weight rows, each tile
+// read from memory once and then from L1 or L2 by every group.
+constexpr int64_t kSingleGroupRows = 9;
+constexpr int64_t kGroupRows = RADIXLM_VEC16_HALVES ? 3 : 8;
+constexpr int64_t kGroupTileN = 2;
+// Up to this many features each row of x is loaded once a step into a register (gemv_tile's kXInRegister).
+constexpr int64_t kRegisterXMaxK = 1536;
 
 using radixlm_vec::hsum;
 using radixlm_vec::load16;
 using radixlm_vec::v16f;
 
-// out[m, n0 .. n0 + kTileN) for all rows m of x, from weight rows n0 .. (exactly kTileN of them).
-template <int64_t kRows, int64_t kTileN>
-inline void gemv_tile(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out) {
-  v16f acc[kRows][kTileN] = {};
+// sums[i] = hsum(acc[i]) for i < count (a multiple of 16 in the AVX-512 build: the lanes of 16 accumulators are
+// transposed in registers and added column by column, the same additions in the same order as hsum's).
+inline void lane_sums(const v16f* acc, int64_t count, float* sums) {
+#if RADIXLM_BUILD_AVX512
+  for (int64_t i0 = 0; i0 < count; i0 += 16) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = reinterpret_cast<const __m512&>(acc[i0 + i]);
+    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 16; g += 4) {  // r[g + e]'s 128-bit lane L: column 4L + e of rows g .. g + 3
+      const __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
+      const __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
+      r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    __m512 columns[16];
+    for (int e = 0; e < 4; ++e) {  // a 4 x 4 transpose of 128-bit lanes: column 4L + e of all 16 rows
+      const __m512 s0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xEE);
+      const __m512 s2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x44);
+      const __m512 s3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xEE);
+      columns[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
+      columns[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
+      columns[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
+      columns[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
+    }
+    __m512 s = _mm512_setzero_ps();
+    for (int c = 0; c < 16; ++c) s = _mm512_add_ps(s, columns[c]);
+    _mm512_storeu_ps(sums + i0, s);
+  }
+#else
+  for (int64_t i = 0; i < count; ++i) sums[i] = hsum(acc[i]);
+#endif
+}
+
+// out[m, n0 .. n0 + kTileN) for all rows m of x, from weight rows n0 .. (exactly kTileN of them). `ahead`: the bytes
+// from w to prefetch into L2 at, swept at the rate this tile is read (the next tile's, when it is one tile's size;
+// with the hardware prefetcher alone the 49,152 x 576 LM head streamed at 6.7 GB/s at 8 rows on one thread, with
+// this 13.9).
+// kXInRegister: each row of x loaded once a step and kept in a register; otherwise GCC folds the load into every
+// multiply-add as a memory operand, and the loads, not the multiply-adds, bound the loop. Measured (one thread, this
+// Zen 4) 1.1-1.2x at 8-64 rows on 576 and 1,536 features, but from 0.7x to 1.6x on 2,048-8,192 (x in L2): only
+// up to kRegisterXMaxK.
+template <int64_t kRows, int64_t kTileN, bool kXInRegister>
+inline void gemv_tile(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out, int64_t ahead) {
+  constexpr int64_t kCount = (kRows * kTileN + 15) / 16 * 16;
+  v16f acc[kCount] = {};
   const int64_t k_vec = k_dim / 16 * 16;
+  const char* sweep = reinterpret_cast<const char*>(w) + ahead;
   for (int64_t k = 0; k < k_vec; k += 16) {
+    for (int64_t t = 0; t < kTileN; ++t) _mm_prefetch(sweep + (k * kTileN + 16 * t) * 4, _MM_HINT_T1);
     v16f wv[kTileN];
     for (int64_t t = 0; t < kTileN; ++t) wv[t] = load16(w + t * k_dim + k);
     for (int64_t m = 0; m < kRows; ++m) {
-      const v16f xv = load16(x + m * k_dim + k);
-      for (int64_t t = 0; t < kTileN; ++t) acc[m][t] += xv * wv[t];
+      v16f xv = load16(x + m * k_dim + k);
+#if !RADIXLM_VEC16_HALVES
+      if constexpr (kXInRegister) asm("" : "+v"(xv));
+#endif
+      for (int64_t t = 0; t < kTileN; ++t) acc[m * kTileN + t] += xv * wv[t];
     }
   }
+  float sums[kCount];
+  lane_sums(acc, kCount, sums);
   for (int64_t m = 0; m < kRows; ++m) {
     for (int64_t t = 0; t < kTileN; ++t) {
-      float s = hsum(acc[m][t]);
+      float s = sums[m * kTileN + t];
       for (int64_t k = k_vec; k < k_dim; ++k) s += x[m * k_dim + k] * w[t * k_dim + k];
       out[m * ld_out + t] = s;
     }
   }
+}
+
+template <int64_t kRows, int64_t kTileN>
+inline void multiply_tile(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out, int64_t ahead) {
+  if (k_dim <= kRegisterXMaxK) return gemv_tile<kRows, kTileN, true>(x, k_dim, w, out, ld_out, ahead);
+  gemv_tile<kRows, kTileN, false>(x, k_dim, w, out, ld_out, ahead);
 }
 
 template <int64_t kRows>
@@ -60,17 +136,76 @@ inline void gemv_row(const float* x, int64_t k_dim, const float* w, float* out, 
   }
 }
 
+// Rows x (m_dim of them) times weight rows [n_begin, n_end), without the bias.
 template <int64_t kRows, int64_t kTileN>
-void gemv_range(const float* x, const float* w, const float* bias, float* out, int64_t n_dim, int64_t k_dim,
-                int64_t n_begin, int64_t n_end) {
+void gemv_range(const float* x, const float* w, float* out, int64_t n_dim, int64_t k_dim, int64_t n_begin,
+                int64_t n_end) {
   int64_t n = n_begin;
-  for (; n + kTileN <= n_end; n += kTileN) gemv_tile<kRows, kTileN>(x, k_dim, w + n * k_dim, out + n, n_dim);
+  const int64_t tile_bytes = kTileN * k_dim * 4;
+  for (; n + kTileN <= n_end; n += kTileN) {
+    multiply_tile<kRows, kTileN>(x, k_dim, w + n * k_dim, out + n, n_dim, tile_bytes);
+  }
   for (; n < n_end; ++n) gemv_row<kRows>(x, k_dim, w + n * k_dim, out + n, n_dim);
-  if (bias != nullptr) {
-    for (int64_t m = 0; m < kRows; ++m) {
-      for (n = n_begin; n < n_end; ++n) out[m * n_dim + n] += bias[n];
+}
+
+// A group of 1 .. kGroupRows rows against one tile of kGroupTileN weight rows.
+void group_tile(int64_t rows, const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out,
+                int64_t ahead) {
+  switch (rows) {
+    case 1: return multiply_tile<1, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 2: return multiply_tile<2, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+#if !RADIXLM_VEC16_HALVES
+    case 3: return multiply_tile<3, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 4: return multiply_tile<4, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 5: return multiply_tile<5, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 6: return multiply_tile<6, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 7: return multiply_tile<7, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    static_assert(kGroupRows == 8, "a case for each row count below kGroupRows");
+#else
+    static_assert(kGroupRows == 3, "a case for each row count below kGroupRows");
+#endif
+    default: return multiply_tile<kGroupRows, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+  }
+}
+
+// Many rows: each tile of kGroupTileN weight rows against every group of kGroupRows rows of x in turn (the tile read
+// from memory once, then from L1 or L2).
+void gemv_groups(const float* x, int64_t m_dim, const float* w, float* out, int64_t n_dim, int64_t k_dim,
+                 int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  const int64_t tile_bytes = kGroupTileN * k_dim * 4;
+  for (; n + kGroupTileN <= n_end; n += kGroupTileN) {
+    for (int64_t m0 = 0; m0 < m_dim; m0 += kGroupRows) {
+      group_tile(std::min(kGroupRows, m_dim - m0), x + m0 * k_dim, k_dim, w + n * k_dim, out + m0 * n_dim + n,
+                 n_dim, tile_bytes);
     }
   }
+  for (; n < n_end; ++n) {
+    for (int64_t m = 0; m < m_dim; ++m) gemv_row<1>(x + m * k_dim, k_dim, w + n * k_dim, out + m * n_dim + n, n_dim);
+  }
+}
+
+void gemv_rows(const float* x, int64_t m_dim, const float* w, float* out, int64_t n_dim, int64_t k_dim,
+               int64_t begin, int64_t end) {
+  if (m_dim > kSingleGroupRows) return gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end);
+#if RADIXLM_VEC16_HALVES
+  // 16 AVX2 registers of 8 lanes: 4 weight rows side by side for one input row, 2 for more, and rows 3 at a time.
+  if (m_dim == 1) return gemv_range<1, 4>(x, w, out, n_dim, k_dim, begin, end);
+  gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end);
+#else
+  // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
+  switch (m_dim) {
+    case 1: return gemv_range<1, 16>(x, w, out, n_dim, k_dim, begin, end);
+    case 2: return gemv_range<2, 16>(x, w, out, n_dim, k_dim, begin, end);
+    case 3: return gemv_range<3, 8>(x, w, out, n_dim, k_dim, begin, end);
+    case 4: return gemv_range<4, 8>(x, w, out, n_dim, k_dim, begin, end);
+    case 5: return gemv_range<5, 4>(x, w, out, n_dim, k_dim, begin, end);
+    case 6: return gemv_range<6, 4>(x, w, out, n_dim, k_dim, begin, end);
+    case 7: return gemv_range<7, 2>(x, w, out, n_dim, k_dim, begin, end);
+    case 8: return gemv_range<8, 2>(x, w, out, n_dim, k_dim, begin, end);
+    default: return gemv_range<9, 2>(x, w, out, n_dim, k_dim, begin, end);
+  }
+#endif
 }
 
 }  // namespace
@@ -88,33 +223,11 @@ at::Tensor radixlm::small_batch_linear(const at::Tensor& input, const at::Tensor
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* op = out.data_ptr<float>();
   at::parallel_for(0, n_dim, radixlm::grain_rows(k_dim * 4), [&](int64_t begin, int64_t end) {
-#if RADIXLM_VEC16_HALVES
-    // 16 AVX2 registers of 8 lanes: 4 weight rows side by side for one input row, 2 for more, and rows 3 at a time
-    // (each pass reads the tile's weight rows again, from L2). A row's sums are the same whatever the tile.
-    if (m_dim == 1) return gemv_range<1, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end);
-    for (int64_t m0 = 0; m0 < m_dim; m0 += 3) {
-      const float* x_rows = xp + m0 * k_dim;
-      float* out_rows = op + m0 * n_dim;
-      switch (std::min<int64_t>(3, m_dim - m0)) {
-        case 1: gemv_range<1, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
-        case 2: gemv_range<2, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
-        default: gemv_range<3, 2>(x_rows, wp, bp, out_rows, n_dim, k_dim, begin, end); break;
-      }
+    gemv_rows(xp, m_dim, wp, op, n_dim, k_dim, begin, end);
+    if (bp == nullptr) return;
+    for (int64_t m = 0; m < m_dim; ++m) {
+      for (int64_t n = begin; n < end; ++n) op[m * n_dim + n] += bp[n];
     }
-#else
-    // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
-    switch (m_dim) {
-      case 1: gemv_range<1, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 2: gemv_range<2, 16>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 3: gemv_range<3, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 4: gemv_range<4, 8>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 5: gemv_range<5, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 6: gemv_range<6, 4>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 7: gemv_range<7, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      case 8: gemv_range<8, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-      default: gemv_range<9, 2>(xp, wp, bp, op, n_dim, k_dim, begin, end); break;
-    }
-#endif
   });
   return out;
 }
