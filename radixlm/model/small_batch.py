@@ -27,6 +27,9 @@ from radixlm.model.huge_pages import huge_page_buffer
 from radixlm.model.ops import direct_kernel, extension_error, kernel_isa, kernels_available
 
 MAX_ROWS = 64  # the float32 kernel's limit (csrc/linear/linear.cpp's kMaxRows): rows of x (tokens) per call
+# The AVX2 build's float32 kernel (3 rows a pass in 16 registers) fell behind MKL from about 24 rows (the default
+# model's decode step at 32 rows 122-124 ms with MKL, 134-135 with it; at 16 rows 87-89 against 73-75).
+AVX2_MAX_ROWS = 16
 # The int8 kernel's limit (csrc/linear/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
 # multiply-adds of one token (compute), less than fbgemm's path (with Int8Linear's scaling around it) up to about
 # 96 rows on a Xeon: 24.0 against 31.3 ms for the default model's linears at 32 rows, 45.2 against 51.9 at 64.
@@ -43,8 +46,15 @@ def int8_kernel_is_vectorized() -> bool:
     return kernel_isa() == "avx512"
 
 
+def float32_kernel_rows() -> int:
+    """Up to how many rows `SmallBatchLinear` runs the float32 kernel: `MAX_ROWS` in the extension's AVX-512 build,
+    `AVX2_MAX_ROWS` in the AVX2 one (`radixlm.model.ops.kernel_isa`)."""
+    return MAX_ROWS if kernel_isa() == "avx512" else AVX2_MAX_ROWS
+
+
 class SmallBatchLinear(nn.Linear):
-    """A float32 `nn.Linear` that runs the C++ kernel for up to `MAX_ROWS` rows and `F.linear` above."""
+    """A float32 `nn.Linear` that runs the C++ kernel for up to `max_rows` rows (`float32_kernel_rows`) and
+    `F.linear` above."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> SmallBatchLinear:
@@ -55,11 +65,13 @@ class SmallBatchLinear(nn.Linear):
         module.weight = linear.weight
         module.bias = linear.bias
         module._kernel = direct_kernel("small_batch_linear")
+        module.max_rows = float32_kernel_rows()
+        module._max_numel = module.max_rows * module.in_features
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Per call overhead matters at one row (a forward has ~200 linears): one size test, one op call.
-        if x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
+        if x.numel() > self._max_numel or x.dtype != torch.float32 or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         return self._kernel(x, self.weight, self.bias)
 

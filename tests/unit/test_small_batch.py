@@ -12,6 +12,7 @@ from radixlm.model.small_batch import (
     MAX_ROWS,
     Int8Rows,
     SmallBatchLinear,
+    float32_kernel_rows,
     use_small_batch_linears,
 )
 
@@ -29,15 +30,19 @@ def test_float32_kernel_matches_linear(in_features, out_features, bias):
     linear = nn.Linear(in_features, out_features, bias=bias).requires_grad_(False)
     fast = SmallBatchLinear.from_linear(linear)
     assert fast.weight is linear.weight
+    assert fast.max_rows == float32_kernel_rows() <= MAX_ROWS
+    kernel = direct_kernel("small_batch_linear")
     for num_rows in range(1, MAX_ROWS + 2):
         x = torch.randn(num_rows, in_features)
         with torch.inference_mode():
             torch.testing.assert_close(fast(x), linear(x), atol=1e-5, rtol=1e-5)
-            if num_rows <= MAX_ROWS:  # the kernel: a row's sums do not depend on the rows beside it
-                assert torch.equal(fast(x), torch.cat([fast(row[None]) for row in x]))
+            if num_rows <= MAX_ROWS:  # the kernel (every build): a row's sums do not depend on the rows beside it
+                rows = kernel(x, linear.weight, linear.bias)
+                torch.testing.assert_close(rows, linear(x), atol=1e-5, rtol=1e-5)
+                assert torch.equal(rows, torch.cat([kernel(row[None], linear.weight, linear.bias) for row in x]))
     with torch.inference_mode():
         assert fast(torch.randn(1, 0, in_features)).shape == (1, 0, out_features)  # no rows
-    x = torch.randn(2, MAX_ROWS // 2 + 1, in_features)  # above MAX_ROWS: PyTorch's kernel, exactly
+    x = torch.randn(2, fast.max_rows // 2 + 1, in_features)  # above max_rows: PyTorch's kernel, exactly
     with torch.inference_mode():
         assert torch.equal(fast(x), linear(x))
         assert fast(x[:1, :1]).shape == (1, 1, out_features)
