@@ -36,6 +36,11 @@ constexpr int64_t kMaxRows = 64;
 constexpr int64_t kSingleGroupRows = 9;
 constexpr int64_t kGroupRows = RADIXLM_VEC16_HALVES ? 3 : 8;
 constexpr int64_t kGroupTileN = 2;
+// The AVX2 build's tiles by halves (halves_tile): groups of 6 rows, up to 2,048 features. Against the 3-row v16f
+// passes (two AVX2 threads on this Zen 4): 1.3-1.7x on 576 features at 4-64 rows, level on 2,048, 0.7x at 4-8 rows
+// on 8,192.
+constexpr int64_t kHalvesGroupRows = 6;
+constexpr int64_t kHalvesMaxK = 2048;
 // Up to this many features each row of x is loaded once a step into a register (gemv_tile's kXInRegister).
 constexpr int64_t kRegisterXMaxK = 1536;
 
@@ -148,6 +153,62 @@ void gemv_range(const float* x, const float* w, float* out, int64_t n_dim, int64
   for (; n < n_end; ++n) gemv_row<kRows>(x, k_dim, w + n * k_dim, out + n, n_dim);
 }
 
+#if RADIXLM_VEC16_HALVES
+// The AVX2 build's group tile: a 16-lane sum's lanes 0-7 and 8-15 in two passes over K with one 8-lane register each
+// (the sums of v16f's two halves, added in the same order), so kRows x kTileN accumulators fit the 16 registers
+// (as v16f pairs, 3 x 2 of them spilled). The tile's rows are read from L1 or L2 by the second pass.
+template <int64_t kRows, int64_t kTileN>
+inline void halves_tile(const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out, int64_t ahead) {
+  constexpr int64_t kCount = kRows * kTileN;
+  constexpr int64_t kSliceK = 512;  // both passes over one slice of K while its x and w (16 KB at most) are in L1
+  float lanes[kCount][16] = {};
+  const int64_t k_vec = k_dim / 16 * 16;
+  const char* sweep = reinterpret_cast<const char*>(w) + ahead;
+  for (int64_t k0 = 0; k0 < k_vec; k0 += kSliceK) {
+    const int64_t k1 = std::min(k_vec, k0 + kSliceK);
+    for (int64_t half = 0; half < 2; ++half) {
+      __m256 acc[kCount];
+      for (int64_t i = 0; i < kCount; ++i) acc[i] = _mm256_loadu_ps(lanes[i] + 8 * half);
+      for (int64_t k = k0 + 8 * half; k < k1; k += 16) {
+        if (half == 0) {
+          for (int64_t t = 0; t < kTileN; ++t) _mm_prefetch(sweep + (k * kTileN + 16 * t) * 4, _MM_HINT_T1);
+        }
+        __m256 wv[kTileN];
+        for (int64_t t = 0; t < kTileN; ++t) wv[t] = _mm256_loadu_ps(w + t * k_dim + k);
+        for (int64_t m = 0; m < kRows; ++m) {
+          const __m256 xv = _mm256_loadu_ps(x + m * k_dim + k);
+          for (int64_t t = 0; t < kTileN; ++t) acc[m * kTileN + t] = _mm256_fmadd_ps(xv, wv[t], acc[m * kTileN + t]);
+        }
+      }
+      for (int64_t i = 0; i < kCount; ++i) _mm256_storeu_ps(lanes[i] + 8 * half, acc[i]);
+    }
+  }
+  for (int64_t m = 0; m < kRows; ++m) {
+    for (int64_t t = 0; t < kTileN; ++t) {
+      float s = 0.f;
+      for (int j = 0; j < 16; ++j) s += lanes[m * kTileN + t][j];
+      for (int64_t k = k_vec; k < k_dim; ++k) s += x[m * k_dim + k] * w[t * k_dim + k];
+      out[m * ld_out + t] = s;
+    }
+  }
+}
+
+// A group of 1 .. kHalvesGroupRows rows against one tile of kGroupTileN weight rows, by halves.
+void halves_group_tile(int64_t rows, const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out,
+                       int64_t ahead) {
+  static_assert(kHalvesGroupRows == 6, "a case for each row count below kHalvesGroupRows");
+  switch (rows) {
+    case 1: return halves_tile<1, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 2: return halves_tile<2, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 3: return halves_tile<3, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 4: return halves_tile<4, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    case 5: return halves_tile<5, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+    default: return halves_tile<kHalvesGroupRows, kGroupTileN>(x, k_dim, w, out, ld_out, ahead);
+  }
+}
+
+#endif
+
 // A group of 1 .. kGroupRows rows against one tile of kGroupTileN weight rows.
 void group_tile(int64_t rows, const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out,
                 int64_t ahead) {
@@ -168,16 +229,19 @@ void group_tile(int64_t rows, const float* x, int64_t k_dim, const float* w, flo
   }
 }
 
+using GroupTile = void (*)(int64_t rows, const float* x, int64_t k_dim, const float* w, float* out, int64_t ld_out,
+                           int64_t ahead);
+
 // Many rows: each tile of kGroupTileN weight rows against every group of kGroupRows rows of x in turn (the tile read
 // from memory once, then from L1 or L2).
 void gemv_groups(const float* x, int64_t m_dim, const float* w, float* out, int64_t n_dim, int64_t k_dim,
-                 int64_t n_begin, int64_t n_end) {
+                 int64_t n_begin, int64_t n_end, int64_t group_rows = kGroupRows, GroupTile tile = group_tile) {
   int64_t n = n_begin;
   const int64_t tile_bytes = kGroupTileN * k_dim * 4;
   for (; n + kGroupTileN <= n_end; n += kGroupTileN) {
-    for (int64_t m0 = 0; m0 < m_dim; m0 += kGroupRows) {
-      group_tile(std::min(kGroupRows, m_dim - m0), x + m0 * k_dim, k_dim, w + n * k_dim, out + m0 * n_dim + n,
-                 n_dim, tile_bytes);
+    for (int64_t m0 = 0; m0 < m_dim; m0 += group_rows) {
+      tile(std::min(group_rows, m_dim - m0), x + m0 * k_dim, k_dim, w + n * k_dim, out + m0 * n_dim + n, n_dim,
+           tile_bytes);
     }
   }
   for (; n < n_end; ++n) {
@@ -187,12 +251,16 @@ void gemv_groups(const float* x, int64_t m_dim, const float* w, float* out, int6
 
 void gemv_rows(const float* x, int64_t m_dim, const float* w, float* out, int64_t n_dim, int64_t k_dim,
                int64_t begin, int64_t end) {
-  if (m_dim > kSingleGroupRows) return gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end);
 #if RADIXLM_VEC16_HALVES
-  // 16 AVX2 registers of 8 lanes: 4 weight rows side by side for one input row, 2 for more, and rows 3 at a time.
+  // 16 AVX2 registers of 8 lanes: 4 weight rows side by side for one input row; for more, tiles of 2 weight rows
+  // against 6 rows by halves up to kHalvesMaxK features, 3 rows as v16f pairs above.
   if (m_dim == 1) return gemv_range<1, 4>(x, w, out, n_dim, k_dim, begin, end);
+  if (k_dim <= kHalvesMaxK) {
+    return gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end, kHalvesGroupRows, halves_group_tile);
+  }
   gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end);
 #else
+  if (m_dim > kSingleGroupRows) return gemv_groups(x, m_dim, w, out, n_dim, k_dim, begin, end);
   // 16 weight rows side by side for one or two input rows, 8 for more (their accumulators must fit in registers).
   switch (m_dim) {
     case 1: return gemv_range<1, 16>(x, w, out, n_dim, k_dim, begin, end);

@@ -27,9 +27,10 @@ from radixlm.model.huge_pages import huge_page_buffer
 from radixlm.model.ops import direct_kernel, extension_error, kernel_isa, kernels_available
 
 MAX_ROWS = 64  # the float32 kernel's limit (csrc/linear/linear.cpp's kMaxRows): rows of x (tokens) per call
-# The AVX2 build's float32 kernel (3 rows a pass in 16 registers) fell behind MKL from about 24 rows (the default
-# model's decode step at 32 rows 122-124 ms with MKL, 134-135 with it; at 16 rows 87-89 against 73-75).
-AVX2_MAX_ROWS = 16
+# The AVX2 build's float32 kernel (6 rows a pass, by 8-lane halves) falls behind MKL above about 32 rows: the default
+# model's decode step (RADIXLM_KERNEL_ISA=avx2 on a Zen 4) at 32 rows 141 ms with MKL, 119-122 with it; at 64
+# 215 against 222-227.
+AVX2_MAX_ROWS = 32
 # The int8 kernel's limit (csrc/linear/linear_int8.cpp's kMaxInt8Rows): with AVX-512 VNNI each extra row costs the int8
 # multiply-adds of one token (compute), less than fbgemm's path (with Int8Linear's scaling around it) up to about
 # 96 rows on a Xeon: 24.0 against 31.3 ms for the default model's linears at 32 rows, 45.2 against 51.9 at 64.
