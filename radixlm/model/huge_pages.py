@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+from collections.abc import Iterable
 
 import torch
+from torch import nn
 
 HUGE_PAGE_BYTES = 2 << 20  # x86-64's transparent huge page
 ARENA_CHUNK_BYTES = 256 << 20
@@ -58,3 +60,25 @@ class HugePageArena:
         view.copy_(tensor)
         self._used += -(-num_bytes // PLACEMENT_ALIGN) * PLACEMENT_ALIGN
         return view
+
+
+def move_parameters(model: nn.Module, parameters: Iterable[nn.Parameter], arena: HugePageArena) -> int:
+    """Replace each of `parameters` (CPU tensors) by a copy placed in `arena`, in every module of `model` that holds
+    it (so a tied weight, such as an LM head shared with the input embedding, stays one tensor); returns how many were
+    moved. Given as an iterator (not a list that keeps them alive), each old tensor is released as soon as it is
+    replaced, so moving a model costs one tensor's memory at the peak."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for key, parameter in module._parameters.items():
+            if parameter is not None:
+                holders.setdefault(id(parameter), []).append((module, key))
+    moved = 0
+    for parameter in parameters:
+        places = holders.pop(id(parameter), None)
+        if places is None:  # moved already (a tied weight met again), or held by no module of `model`
+            continue
+        placed = nn.Parameter(arena.place(parameter.detach()), requires_grad=parameter.requires_grad)
+        for module, key in places:
+            module._parameters[key] = placed
+        moved += 1
+    return moved

@@ -1,9 +1,17 @@
-"""HugePageArena: copies placed back to back in huge-page chunks, unchanged and cache-line aligned."""
+"""HugePageArena: copies placed back to back in huge-page chunks, unchanged and cache-line aligned; parameters moved
+into one with their ties kept."""
 
 import pytest
 import torch
+from torch import nn
 
-from radixlm.model.huge_pages import HUGE_PAGE_BYTES, PLACEMENT_ALIGN, HugePageArena, huge_page_buffer
+from radixlm.model.huge_pages import (
+    HUGE_PAGE_BYTES,
+    PLACEMENT_ALIGN,
+    HugePageArena,
+    huge_page_buffer,
+    move_parameters,
+)
 
 
 def test_buffer_is_aligned_to_a_huge_page() -> None:
@@ -39,3 +47,21 @@ def test_a_full_chunk_starts_another_and_a_large_tensor_gets_its_own() -> None:
 def test_chunk_bytes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="chunk_bytes"):
         HugePageArena(chunk_bytes=0)
+
+
+def test_moved_parameters_keep_their_values_and_ties() -> None:
+    embedding, head, other = nn.Embedding(40, 16), nn.Linear(16, 40, bias=False), nn.Linear(16, 8)
+    head.weight = embedding.weight  # a tied LM head
+    model = nn.ModuleDict({"embedding": embedding, "head": head, "other": other}).requires_grad_(False)
+    before = {name: p.clone() for name, p in model.named_parameters(remove_duplicate=False)}
+    old_head = head.weight
+    arena = HugePageArena(chunk_bytes=HUGE_PAGE_BYTES)
+    # The tied weight listed twice and a parameter the model does not hold: each moved once, the stranger not at all.
+    assert move_parameters(model, iter([head.weight, embedding.weight, other.weight, torch.nn.Parameter(
+        torch.zeros(3))]), arena) == 2
+    assert head.weight is embedding.weight and head.weight is not old_head
+    assert not head.weight.requires_grad
+    chunk_start = head.weight.data_ptr() - head.weight.data_ptr() % HUGE_PAGE_BYTES
+    assert other.weight.data_ptr() - chunk_start < HUGE_PAGE_BYTES  # both in the arena's one chunk
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        assert torch.equal(parameter, before[name])

@@ -80,7 +80,9 @@ def test_model_linears_are_replaced_and_agree():
         assert use_small_batch_linears(model) == 2
         assert all(isinstance(model[i], SmallBatchLinear) for i in (0, 2))
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
-    assert use_small_batch_linears(model) == 0  # already replaced
+    pointers = [model[i].weight.data_ptr() for i in (0, 2)]
+    assert use_small_batch_linears(model) == 0  # already replaced, and their weights not moved again
+    assert [model[i].weight.data_ptr() for i in (0, 2)] == pointers
 
 
 def entry_points(name: str) -> list:
