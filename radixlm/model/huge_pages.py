@@ -9,6 +9,7 @@ works the same.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 from collections.abc import Iterable
 
@@ -49,17 +50,20 @@ class HugePageArena:
         self._used = 0
         self.num_chunks = 0
 
-    def place(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of `tensor` (same dtype and shape) in the arena."""
-        num_bytes = tensor.numel() * tensor.element_size()
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous tensor in the arena (its pages are committed when first written)."""
+        num_bytes = math.prod(shape) * dtype.itemsize
         if self._chunk is None or self._used + num_bytes > self._chunk.numel():
             size = max(self.chunk_bytes, -(-num_bytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)
             self._chunk, self._used = huge_page_buffer(size), 0
             self.num_chunks += 1
-        view = self._chunk[self._used:self._used + num_bytes].view(tensor.dtype).view(tensor.shape)
-        view.copy_(tensor)
+        view = self._chunk[self._used:self._used + num_bytes].view(dtype).view(shape)
         self._used += -(-num_bytes // PLACEMENT_ALIGN) * PLACEMENT_ALIGN
         return view
+
+    def place(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of `tensor` (same dtype and shape) in the arena."""
+        return self.empty(tuple(tensor.shape), tensor.dtype).copy_(tensor)
 
 
 def move_parameters(model: nn.Module, parameters: Iterable[nn.Parameter], arena: HugePageArena) -> int:
