@@ -8,7 +8,9 @@ default flags) are swapped between the copies the engine made at load and plain 
 pages) against plain clones of them, the CPU caches flushed before each step. Prints medians, and how many pairs
 huge pages won.
 
-    .venv/bin/python benchmarks/huge_pages.py [--pairs 10] [--output-len 96] [--skip-attention] [engine flags]
+    .venv/bin/python -m benchmarks.huge_pages [--pairs 10] [--output-len 96] [--skip-attention] [engine flags]
+
+(As a module, not a script: it builds on `benchmarks/attention.py`'s synthetic caches.)
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ class PagedKVCache:
         # Zeroed, so the whole budget is committed now: the server's memory is what the log says from the start
         # (torch.empty would commit pages as blocks are first written, so RSS would creep up for hours and look
         # like a leak), and no page fault lands on a serving step. On the CPU on huge pages (a block's K/V spans a
-        # few 4 KiB pages, and a request's blocks lie anywhere): decode attention 1.01-1.12x faster (`benchmarks/
-        # attention.py`'s shapes, caches cold, the two placements alternated; Zen 4, 2026-12-05).
+        # few 4 KiB pages, and a request's blocks lie anywhere): decode attention 1.04-1.07x faster
+        # (`benchmarks/huge_pages.py`, caches cold, the two placements alternated; Zen 4, 2026-12-05).
         arena = HugePageArena() if self.device.type == "cpu" else None
 
         def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -83,8 +83,9 @@ def use_small_batch_linears(model: nn.Module) -> int:
     weights onto huge pages (`move_parameters`; a tied input embedding moves with its LM head); returns how many
     linears. Needs the extension (see `kernels_available`).
 
-    Huge pages, because a batch-1 step streams every weight once: the default model's float32 decode, alternating
-    between the two placements in one process, 18.71 against 17.83 ms a token (medians of 10; Zen 4, 2026-12-05)."""
+    Huge pages, because a batch-1 step streams every weight once: the default model's float32 decode 1.035-1.064x
+    faster while the memory ran fast, 0.98x in a slow phase (`benchmarks/huge_pages.py`, the two placements
+    alternated in one process; Zen 4, 2026-12-05)."""
     if not kernels_available():
         raise RuntimeError(f"radixlm._C is not built: {extension_error()}")
     names = [name for name, module in model.named_modules()
