@@ -89,6 +89,9 @@ class ModelRunner:
                                                  model_config.quantization,
                                                  small_batch_kernels=self.attention_backend.runs_cpp_kernels,
                                                  device=self.device, tensor_parallel_size=tensor_parallel_size)
+        # Loading's freed buffers go back to the system (the default model: about 420 MB of RSS) before the KV cache
+        # is sized from the free memory and allocated, and before the heap starts keeping what a step frees.
+        release_free_memory()
         self.shape = ModelShape.from_config(self.model.config, tensor_parallel_size)
         self.lora = LoRAAdapters(self.model) if enable_lora else None
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
@@ -109,9 +112,6 @@ class ModelRunner:
                 disk = DiskKVStore(block_file_directory(cache_config, identity), identity, self.kv_cache.tensors(),
                                    cache_config.block_size)
             self.host_kv = HostKVCache(self.kv_cache, num_host_blocks, disk)
-        # Loading's freed buffers go back to the system (the default model: about 420 MB of RSS) before the heap
-        # starts keeping what a step frees.
-        release_free_memory()
         keep_freed_host_memory()
 
     @torch.inference_mode()
