@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.ops import direct_kernel, kernels_available
 
 GROUP = 32  # the AMX kernel's output features per group, and both kernels' input features per step
@@ -133,7 +134,8 @@ class DotPackedLinear(nn.Module):
 
     reads_strided_rows = True  # x may be a view of evenly spaced rows (silu_and_mul_padded's), read without a copy
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, arena: HugePageArena | None = None) -> None:
+        """`arena`: where the packed weight is placed (huge pages, for a decode step's streaming reads)."""
         super().__init__()
         weight = linear.weight.detach()
         if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not fits(*weight.shape, PACKED):
@@ -142,7 +144,8 @@ class DotPackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.bias = linear.bias
         # A buffer, not a parameter: the same values as the weight, in the kernel's layout.
-        self.register_buffer("packed", pack_weight(weight), persistent=False)
+        packed = pack_weight(weight)
+        self.register_buffer("packed", arena.place(packed) if arena is not None else packed, persistent=False)
         self._kernel = direct_kernel("bf16_packed_linear")
 
     @property

@@ -24,6 +24,7 @@ from radixlm.model.bf16_linear import (
     reference_linear,
     row_limit,
 )
+from radixlm.model.huge_pages import HUGE_PAGE_BYTES, HugePageArena
 from radixlm.model.prepacked_linear import PrepackedLinear, prepacking_available, use_prepacked_linears
 
 needs_amx = pytest.mark.skipif(not amx_available(), reason="this CPU has no AMX-BF16 (or radixlm._C is not built)")
@@ -188,6 +189,18 @@ def test_packed_kernel_matches_the_reference_at_every_row_count(bias, out_featur
     assert_bf16_close(layer(strided), reference_linear(strided, linear.weight, linear.bias))
     assert layer(torch.zeros(2, 3, in_features)).shape == (2, 3, out_features)
     assert layer(torch.zeros(0, in_features, dtype=torch.bfloat16)).shape == (0, out_features)
+
+
+@needs_avx512_bf16
+def test_packed_weight_placed_in_an_arena_computes_the_same():
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 64, dtype=torch.bfloat16)
+    arena = HugePageArena(chunk_bytes=HUGE_PAGE_BYTES)
+    placed, plain = DotPackedLinear(linear, arena), DotPackedLinear(linear)
+    assert arena.num_chunks == 1 and placed.packed.data_ptr() % HUGE_PAGE_BYTES == 0  # the arena's first tensor
+    assert torch.equal(placed.packed, plain.packed)
+    x = torch.randn(3, 512).to(torch.bfloat16)
+    assert torch.equal(placed(x), plain(x))
 
 
 @needs_avx512_bf16
