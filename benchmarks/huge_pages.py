@@ -2,8 +2,8 @@
 process.
 
 Two measurements, each flipping one placement back and forth so that the machine's drifting memory speed hits both
-alike: (1) greedy batch-1 generations of an engine whose linears' `weight` tensors (the float32 model's, with the
-default flags) are swapped between the copies the engine made at load and plain clones of them;
+alike: (1) greedy batch-1 generations of an engine whose linears' streamed tensors (their `weight`, or the packed
+bfloat16 weight: `--dtype bfloat16`) are swapped between the copies the engine made at load and plain clones;
 (2) decode attention alone (`benchmarks/attention.py`'s synthetic caches) over the cache's own tensors (on huge
 pages) against plain clones of them, the CPU caches flushed before each step. Prints medians, and how many pairs
 huge pages won.
@@ -52,26 +52,35 @@ def report(title: str, seconds: dict[str, list[float]], unit_scale: float, unit:
           f"({plain_median / huge_median:.3f}x; huge pages faster in {wins} of {len(plain)} pairs)")
 
 
-def weights_ab(llm: LLM, pairs: int, output_len: int) -> None:
-    """Batch-1 greedy generation, the linears' weights swapped between their load-time copies and plain ones."""
-    model = llm.engine.runner.model
-    modules = [m for m in linear_modules(model) if isinstance(getattr(m, "weight", None), torch.Tensor)]
-    embedding = model.get_input_embeddings()
-    loaded = {id(m.weight): m.weight for m in modules}
-    plain = {key: nn.Parameter(weight.detach().clone(), requires_grad=False) for key, weight in loaded.items()}
-    keys = [id(m.weight) for m in modules]
-    embedding_key = id(embedding.weight)  # a tied embedding swaps with its LM head
+def streamed_tensor(module: nn.Module) -> str | None:
+    """The attribute holding what a linear streams at batch 1: the packed bfloat16 weight, or `weight`."""
+    if isinstance(getattr(module, "packed", None), torch.Tensor):
+        return "packed"
+    return "weight" if isinstance(getattr(module, "weight", None), torch.Tensor) else None
 
-    def use(table: dict[int, nn.Parameter]) -> None:
-        for module, key in zip(modules, keys, strict=True):
-            module.weight = table[key]
+
+def weights_ab(llm: LLM, pairs: int, output_len: int) -> None:
+    """Batch-1 greedy generation, the linears' streamed tensors swapped between their load-time copies and plain
+    clones (a tied embedding's weight with its LM head's)."""
+    model = llm.engine.runner.model
+    slots = [(m, name) for m in linear_modules(model) if (name := streamed_tensor(m)) is not None]
+    embedding = model.get_input_embeddings()
+    loaded = {id(getattr(m, name)): getattr(m, name) for m, name in slots}
+    plain = {key: (nn.Parameter(t.detach().clone(), requires_grad=False) if isinstance(t, nn.Parameter)
+                   else t.clone()) for key, t in loaded.items()}
+    keys = [id(getattr(m, name)) for m, name in slots]
+    embedding_key = id(embedding.weight)
+
+    def use(table: dict[int, torch.Tensor]) -> None:
+        for (module, name), key in zip(slots, keys, strict=True):
+            setattr(module, name, table[key])
         if embedding_key in table:
             embedding.weight = table[embedding_key]
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     prompt = list(range(100, 164))
 
-    def run(table: dict[int, nn.Parameter]) -> Callable[[], float]:
+    def run(table: dict[int, torch.Tensor]) -> Callable[[], float]:
         def timed() -> float:
             use(table)
             start = time.perf_counter()
@@ -79,7 +88,7 @@ def weights_ab(llm: LLM, pairs: int, output_len: int) -> None:
             return (time.perf_counter() - start) / output_len
         return timed
 
-    report(f"batch-1 generation, {len(modules)} linears", alternate({"plain": run(plain), "huge": run(loaded)}, pairs),
+    report(f"batch-1 generation, {len(slots)} linears", alternate({"plain": run(plain), "huge": run(loaded)}, pairs),
            1e3, "ms a token")
     use(loaded)
 
