@@ -92,7 +92,9 @@ def use_prepacked_linears(model: nn.Module, kernel: str | None = _AUTO) -> int:
             else PrepackedLinear(linear)
         setattr(parent, child, replacement)
         replaced += 1
-    del targets  # the replaced linears, so that each plain weight goes as soon as its copy is placed
+    # The replaced linears: without them, a plain weight goes as soon as its copy is placed (but the last linear's
+    # and the tied embedding's, which the locals hold until the end).
+    del targets
     plain_weights = (module.weight for module in model.modules()
                      if isinstance(module, Bf16Linear) and not isinstance(module.weight, DTensor))
     move_parameters(model, plain_weights, arena)
