@@ -10,7 +10,6 @@
 #include <limits>
 #include <vector>
 
-#include "../exp_nonpositive.h"
 #include "../isa.h"
 
 namespace radixlm_prefill {
@@ -55,6 +54,20 @@ struct Scratch {  // one thread's, for one item at a time
 namespace {
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+
+// 2^t for t <= 0 (or a rounding above it) to about 7.5e-5 relative: a degree-3 polynomial on t's fraction, scaled by
+// 2^round(t). The probabilities it gives are rounded to bfloat16 (2e-3 relative) before they weigh the values, so
+// exp16_nonpositive's degree-6 polynomial (~2 ulp), which the decode kernel's float32 path needs, buys nothing here,
+// and its extra steps were a quarter of the softmax. Inputs below -126 count as -126 (2^-126, where 0 was exact).
+RADIXLM_AVX512_BF16 inline __m512 exp2_probability(__m512 t) {
+  t = _mm512_max_ps(_mm512_set1_ps(-126.f), t);  // this order keeps a NaN (maxps returns its second operand then)
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);  // in [-0.5, 0.5]
+  __m512 y = _mm512_fmadd_ps(_mm512_set1_ps(0.0551716685f), f, _mm512_set1_ps(0.242611155f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.693260968f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(0.999928057f));
+  return _mm512_scalef_ps(y, n);
+}
 
 // scores[r, 0 .. kKeys) = q[r] . k[block's keys] for kRows rows from `r0`.
 template <int kRows>
@@ -111,9 +124,10 @@ RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int6
   }
   __m512 e[kKeyVecs];
   __m512 total = _mm512_setzero_ps();
-  for (int c = 0; c < kKeyVecs; ++c) {
-    e[c] = _mm512_maskz_mov_ps(valid[c], radixlm::exp16_nonpositive(
-                                                   _mm512_sub_ps(x[c], _mm512_set1_ps(new_max))));
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 log2e = _mm512_set1_ps(kLog2e), shift = _mm512_set1_ps(new_max * kLog2e);
+  for (int c = 0; c < kKeyVecs; ++c) {  // exp(x - max) as 2^(x log2(e) - max log2(e))
+    e[c] = _mm512_maskz_mov_ps(valid[c], exp2_probability(_mm512_fmsub_ps(x[c], log2e, shift)));
     total = _mm512_add_ps(total, e[c]);
   }
   // Once the running max settles (most blocks of a long row) the factor is exp(0) = 1: no call.
