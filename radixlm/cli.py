@@ -30,11 +30,14 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         check_api_key(api_key)  # before anything loads (torch, the model): an empty key must not read as "no key"
     from radixlm.config import EngineConfig
     from radixlm.config_values import parse_bytes
+
+    # Bad flag values fail here, before torch loads (the server's imports take seconds).
+    options = engine_kwargs(args)
+    config = EngineConfig.from_kwargs(**options)
+    responses_store_bytes = parse_bytes(args.responses_store_bytes, "--responses-store-bytes")
     from radixlm.server.api_server import ServerOptions, run_server
     from radixlm.server.chat_options import ChatOptions
 
-    options = engine_kwargs(args)
-    config = EngineConfig.from_kwargs(**options)  # bad flag values fail here, before the server starts
     if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server
         from radixlm.model.loader import resolve_model_dir
         from radixlm.worker.tensor_parallel.executor import run_node
@@ -44,7 +47,7 @@ def _cmd_serve(args: argparse.Namespace) -> None:
                        enable_auto_tool_choice=args.enable_auto_tool_choice, reasoning_parser=args.reasoning_parser)
     server = ServerOptions(host=args.host, port=args.port, api_key=api_key,
                            max_request_bytes=args.max_request_bytes, log_level=args.log_level, chat=chat,
-                           responses_store_bytes=parse_bytes(args.responses_store_bytes, "--responses-store-bytes"))
+                           responses_store_bytes=responses_store_bytes)
     if not run_server(options, server):
         sys.exit(1)
 

@@ -21,3 +21,20 @@ def tiny_model_dir(tmp_path_factory):
         return built[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def default_tool_server(tmp_path_factory):
+    """One server of the default model for every test that calls it through a client SDK or with tools: its tool
+    chat template, the hermes tool-call parser with automatic tool choice, up to 32 running requests, served as
+    "m". Started once for the session (each start of the default model costs about ten seconds)."""
+    from server.harness import start_server
+
+    from radixlm.config import DEFAULT_MODEL
+    from radixlm.model.loader import resolve_model_dir
+
+    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("tool-server"), "--chat-template",
+                          "smollm2_tools", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+                          "--max-num-seqs", "32", "--served-model-name", "m", "--kv-cache-memory", "1GiB")
+    yield server
+    server.stop()

@@ -19,10 +19,6 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
-from server.harness import start_server
-
-from radixlm.config import DEFAULT_MODEL
-from radixlm.model.loader import resolve_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +26,8 @@ MODEL_KINDS = ("responses", "chat_completions")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("agents"), "--chat-template",
-                          "smollm2_tools", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-                          "--served-model-name", "m")
-    yield server
-    server.stop()
+def server(default_tool_server):
+    return default_tool_server
 
 
 def run_agent(server, kind: str, question: str, streamed: bool = False, **agent_options):

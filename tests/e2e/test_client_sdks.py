@@ -10,10 +10,6 @@ import os
 
 import pytest
 from pydantic import BaseModel
-from server.harness import start_server
-
-from radixlm.config import DEFAULT_MODEL
-from radixlm.model.loader import resolve_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +22,8 @@ WEATHER = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("sdks"), "--chat-template",
-                          "smollm2_tools", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-                          "--served-model-name", MODEL)
-    yield server
-    server.stop()
+def server(default_tool_server):
+    return default_tool_server
 
 
 def test_openai_sdk_every_endpoint(server):

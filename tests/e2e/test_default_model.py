@@ -6,7 +6,7 @@ from e2e.engine_runs import output_token_ids
 from e2e.hf_reference import hf_greedy
 from radixlm.config import DEFAULT_MODEL
 from radixlm.engine.llm_engine import build_engine
-from radixlm.model.loader import resolve_model_dir
+from radixlm.model.loader import load_tokenizer, resolve_model_dir
 from radixlm.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -33,8 +33,7 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def chat_prompts():
-    engine = build_engine(num_kv_blocks=8)
-    tokenizer = engine.tokenizer
+    tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))  # the engine's (its loader's), without a model
     prompts = []
     for question in QUESTIONS:
         text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,

@@ -11,21 +11,14 @@ import time
 
 import httpx
 import pytest
-from server.harness import start_server
-
-from radixlm.config import DEFAULT_MODEL
-from radixlm.model.loader import resolve_model_dir
 
 pytestmark = pytest.mark.slow
 BIG_PROMPT_CHARS = 600_000  # under what 8,192 tokens can hold, so it is tokenized (~0.5 s), then refused
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("tokenizer-load"),
-                          "--chat-template", "smollm2_tools")
-    yield server
-    server.stop()
+def server(default_tool_server):
+    return default_tool_server
 
 
 def post(server, path: str, body: dict) -> httpx.Response:

@@ -9,10 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import pytest
-from server.harness import start_server
-
-from radixlm.config import DEFAULT_MODEL
-from radixlm.model.loader import resolve_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +48,8 @@ QUESTIONS = ["What's the weather in Paris this week?", "Book me a flight from Os
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("tools"), "--chat-template",
-                          "smollm2_tools", "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
-                          "--max-num-seqs", "32", "--served-model-name", "m")
-    yield server
-    server.stop()
+def server(default_tool_server):
+    return default_tool_server
 
 
 def ask(client, question: str, **fields):
