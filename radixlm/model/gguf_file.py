@@ -8,10 +8,10 @@ offset is checked against the file's size, and a malformed file is a ValueError 
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -21,6 +21,7 @@ MAX_DIMS = 4
 # GGUF value type id -> struct format of a scalar; 8 is a string, 9 an array.
 SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,20 @@ class GGUFContents:
 
 
 class _Cursor:
-    def __init__(self, file: BinaryIO, size: int) -> None:
-        self.file, self.size = file, size
+    """Reads the header out of the file's bytes (memory-mapped, so skipping a tokenizer's 100k strings is a loop over
+    their lengths, not a read and a seek each)."""
+
+    def __init__(self, data: mmap.mmap) -> None:
+        self.data, self.position, self.size = data, 0, len(data)
+
+    def _past_end(self) -> ValueError:
+        return ValueError(f"GGUF header runs past the end of the file (at byte {self.position})")
 
     def read(self, count: int) -> bytes:
-        if count < 0 or self.file.tell() + count > self.size:
-            raise ValueError(f"GGUF header runs past the end of the file (at byte {self.file.tell()})")
-        return self.file.read(count)
+        if count < 0 or self.position + count > self.size:
+            raise self._past_end()
+        self.position += count
+        return self.data[self.position - count:self.position]
 
     def unpack(self, fmt: str) -> object:
         return struct.unpack("<" + fmt, self.read(struct.calcsize(fmt)))[0]
@@ -56,9 +64,22 @@ class _Cursor:
         return self.read(self.unpack("Q")).decode("utf-8", errors="replace")
 
     def skip(self, count: int) -> None:
-        if count < 0 or self.file.tell() + count > self.size:
-            raise ValueError(f"GGUF header runs past the end of the file (at byte {self.file.tell()})")
-        self.file.seek(count, 1)
+        if count < 0 or self.position + count > self.size:
+            raise self._past_end()
+        self.position += count
+
+    def skip_strings(self, count: int) -> None:
+        """Skips `count` strings (each a u64 length and that many bytes)."""
+        if count > (self.size - self.position) // 8:  # each takes 8 bytes at least: no loop of 2^64 empty strings
+            raise self._past_end()
+        data, position, size, length = self.data, self.position, self.size, _U64.unpack_from
+        for _ in range(count):
+            if position + 8 > size:
+                break
+            position += 8 + length(data, position)[0]
+        if position > size:
+            raise self._past_end()
+        self.position = position
 
 
 def _value(cursor: _Cursor, kind: int) -> object:
@@ -73,8 +94,7 @@ def _value(cursor: _Cursor, kind: int) -> object:
     if item_kind in SCALAR_FORMATS:
         cursor.skip(count * struct.calcsize(SCALAR_FORMATS[item_kind]))
     elif item_kind == STRING:
-        for _ in range(count):
-            cursor.skip(cursor.unpack("Q"))
+        cursor.skip_strings(count)
     else:
         raise ValueError(f"GGUF metadata array of unsupported item type {item_kind}")
     return None
@@ -96,8 +116,10 @@ def _tensor_bytes(name: str, ggml_type: int, dims: list[int]) -> int:
 def read_gguf(path: Path) -> GGUFContents:
     """The tensors and scalar metadata of the GGUF file at `path`; ValueError if it is not a well-formed one."""
     size = path.stat().st_size
-    with open(path, "rb") as file:
-        cursor = _Cursor(file, size)
+    if size < len(GGUF_MAGIC):  # also what mmap cannot map (an empty file)
+        raise ValueError(f"{path.name} is not a GGUF file")
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        cursor = _Cursor(data)
         if cursor.read(4) != GGUF_MAGIC:
             raise ValueError(f"{path.name} is not a GGUF file")
         version = cursor.unpack("I")
@@ -118,7 +140,7 @@ def read_gguf(path: Path) -> GGUFContents:
         alignment = metadata.get("general.alignment") or DEFAULT_ALIGNMENT
         if not isinstance(alignment, int) or alignment <= 0:
             raise ValueError(f"{path.name}: general.alignment {alignment!r} is not a positive integer")
-        data_start = -(-file.tell() // alignment) * alignment
+        data_start = -(-cursor.position // alignment) * alignment
     tensors = []
     for name, dims, ggml_type, relative in raw:
         num_bytes = _tensor_bytes(name, ggml_type, dims)

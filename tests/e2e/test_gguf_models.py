@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import struct
 
 import pytest
 import torch
@@ -159,6 +160,16 @@ def test_malformed_gguf_files_are_named_errors(tmp_path, gguf_dir):
         truncated.write_bytes(data[:cut])
         with pytest.raises(ValueError, match=r"past the end|not a GGUF"):
             read_gguf(truncated)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        read_gguf(empty)
+    # An array of 2^63 strings in a 40-byte file: refused at once, not skipped one length at a time.
+    huge = tmp_path / "huge-array.gguf"
+    huge.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1) + b"k"
+                     + struct.pack("<IIQ", 9, 8, 1 << 63) + struct.pack("<Q", 0) * 2)
+    with pytest.raises(ValueError, match="past the end"):
+        read_gguf(huge)
 
 
 def test_gguf_embedding_matches_dequantized_rows(gguf_dir):
