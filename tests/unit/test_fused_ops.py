@@ -9,8 +9,9 @@ from radixlm.model.ops import extension, extension_error
 
 needs_extension = pytest.mark.skipif(extension_error() is not None, reason="radixlm._C is not built")
 
-# arch -> modules replaced in a 2-layer model: 2 norms + MLP + attention per layer, the final norm
-EXPECTED = {"llama": 2 * 4 + 1, "mistral": 2 * 4 + 1, "qwen2": 2 * 4 + 1, "qwen3": 2 * 5 + 1, "gemma2": 0}
+# arch -> modules replaced in a 2-layer model: 2 norms + MLP + attention + the layer's own forward per layer, the
+# final norm (qwen3: 2 norms + its q and k norms + MLP per layer; its attention and layers keep transformers' code)
+EXPECTED = {"llama": 2 * 5 + 1, "mistral": 2 * 5 + 1, "qwen2": 2 * 5 + 1, "qwen3": 2 * 5 + 1, "gemma2": 0}
 
 
 @pytest.mark.parametrize("cpp_kernels", [False, pytest.param(True, marks=needs_extension)])
@@ -27,6 +28,7 @@ def test_fused_model_matches_transformers(arch, cpp_kernels, tiny_model_dir):
         assert (fused.model.norm._kernel is not None) == cpp_kernels
         if arch != "qwen3":
             assert (fused.model.layers[0].self_attn.rotary_kernel is not None) == cpp_kernels
+        assert ("forward" in vars(fused.model.layers[0])) == (arch != "qwen3")
         assert isinstance(fused.model.layers[0].mlp, FusedGatedMLP)
     input_ids = torch.randint(3, 300, (1, 37), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
