@@ -39,8 +39,8 @@ from radixlm.model.ops import direct_kernel, extension_error
 
 NORM_CLASSES = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"})
 MLP_CLASSES = frozenset({"LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"})
-# attention class -> its sliding window (transformers passes it to the attention function as a keyword)
 DECODER_LAYER_CLASSES = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"})
+# attention class -> its sliding window (transformers passes it to the attention function as a keyword)
 ATTENTION_CLASSES: dict[str, Callable[[nn.Module], int | None]] = {
     "LlamaAttention": lambda module: None,
     "MistralAttention": lambda module: getattr(module.config, "sliding_window", None),
@@ -204,7 +204,7 @@ def _fuse_decoder_layer(layer: nn.Module) -> bool:
              and isinstance(getattr(layer, "post_attention_layernorm", None), FusedRMSNorm)
              and isinstance(getattr(layer, "mlp", None), FusedGatedMLP)
              and hasattr(getattr(layer, "self_attn", None), "qkv_proj"))
-    if fused and "forward" not in vars(layer):
+    if fused:
         layer.forward = types.MethodType(_fused_decoder_layer_forward, layer)
     return fused
 
@@ -251,7 +251,8 @@ def fuse_small_ops(model: nn.Module, cpp_kernels: bool = False) -> int:
         else:
             continue
         replaced += 1
-    # After their children: a layer's own forward is replaced only once all four of them are fused ones.
+    # After their children: a layer's own forward is replaced only once all four of them are fused ones (a layer
+    # given it by an earlier call is left as it is).
     for module in model.modules():
         if type(module).__name__ in DECODER_LAYER_CLASSES and "forward" not in vars(module):
             replaced += _fuse_decoder_layer(module)
