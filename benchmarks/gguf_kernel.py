@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from radixlm.model.device import keep_freed_host_memory
 from radixlm.model.gguf_blocks import BLOCK_FORMATS
 from radixlm.model.gguf_file import TensorInfo, read_gguf
 from radixlm.model.ops import kernel_isa
@@ -148,6 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     row_counts = _check_args(parser, args)
     torch.set_num_threads(args.threads)
+    keep_freed_host_memory()  # as the engine does: a many-row call's output reuses the heap, no fresh pages
     rates = instruction_rates()
     for name, rate in rates.items():
         macs = f", {rate * MACS[name]:.0f} G multiply-adds/s a core" if name in MACS else ""
