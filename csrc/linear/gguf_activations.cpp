@@ -16,7 +16,7 @@ namespace radixlm_gguf {
 namespace {
 
 // One K-block of 32 values, as gguf_tiles.quantize_activations: steps of |max| / 127, round half to even.
-void quantize_block(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
+void quantize_block(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, int32_t* offset16) {
   float top = 0.f;
   bool finite = true;
   for (int i = 0; i < kBlock; ++i) {
@@ -35,19 +35,20 @@ void quantize_block(const float* x, int8_t* q, float* step, int32_t* offset32, f
   const int32_t sum = halves[0] + halves[1];
   *offset32 = -128 * sum;
   *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
+  offset16[0] = -32 * halves[0];
+  offset16[1] = -32 * halves[1];
 }
 
 template <typename T>
 QuantizedRows quantize(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolved_path) {
   const int64_t blocks = m_dim * (k_dim / kBlock);
   // Floats and ints first (4-byte aligned at the allocation's alignment), the int8 values last.
-  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, offset32; sum16
+  const int64_t words = 3 * blocks + 2 * blocks;  // step, sum32, offset32; offset16
   at::Tensor buffer = at::empty({words * 4 + m_dim * k_dim}, at::TensorOptions().dtype(at::kByte));
   float* floats = reinterpret_cast<float*>(buffer.data_ptr<uint8_t>());
-  float *step = floats, *sum32 = floats + blocks, *sum16 = floats + 3 * blocks;
+  float *step = floats, *sum32 = floats + blocks;
   int32_t* offset32 = reinterpret_cast<int32_t*>(floats + 2 * blocks);
+  int32_t* offset16 = reinterpret_cast<int32_t*>(floats + 3 * blocks);
   int8_t* q = reinterpret_cast<int8_t*>(floats + words);
   const auto quantize_one = resolved_path == radixlm::kGgufPathAvx512 ? quantize_block_avx512
                             : resolved_path == radixlm::kGgufPathAvx2 ? quantize_block_avx2
@@ -61,10 +62,10 @@ QuantizedRows quantize(const T* x, int64_t m_dim, int64_t k_dim, int64_t resolve
       } else {
         for (int64_t j = 0; j < kBlock; ++j) widened[j] = static_cast<float>(x[i * kBlock + j]);
       }
-      quantize_one(values, q + i * kBlock, step + i, offset32 + i, sum32 + i, sum16 + 2 * i);
+      quantize_one(values, q + i * kBlock, step + i, offset32 + i, sum32 + i, offset16 + 2 * i);
     }
   });
-  return {buffer, {q, step, offset32, sum32, sum16, k_dim, k_dim / kBlock}};
+  return {buffer, {q, step, offset32, sum32, offset16, k_dim, k_dim / kBlock}};
 }
 
 }  // namespace

@@ -27,7 +27,7 @@ QuantizedRows quantize_rows(const at::BFloat16* x, int64_t m_dim, int64_t k_dim,
 inline Activations slice(const Activations& a, int64_t first_row, int64_t first_block, int64_t num_blocks) {
   const int64_t start = first_row * a.row_blocks + first_block;
   return {a.q + start * kBlock, a.step + start, a.offset32 + start, a.sum32 + start,
-          a.sum16 + 2 * start, num_blocks * kBlock, a.row_blocks};
+          a.offset16 + 2 * start, num_blocks * kBlock, a.row_blocks};
 }
 
 }  // namespace radixlm_gguf

@@ -43,7 +43,7 @@ RADIXLM_AVX2 inline void nibbles(const uint8_t* quants, int half, __m256i* w) {
 }
 
 struct Scales {
-  __m256 scale[2], offset[2];
+  __m256 scale[2], offset;
 };
 
 // kWiden: groups whose int16 pairs may be added before widening. A pair of 4-bit quants (at most 15) times
@@ -73,7 +73,7 @@ struct Q4Legacy {
   RADIXLM_AVX2 static const uint8_t* scales(const uint8_t* super, int, int half, Scales& s) {
     const __m256 d = halves8(super + 16 * half);
     s.scale[0] = d;
-    s.offset[0] = kMin ? halves8(super + 32 + 16 * half) : _mm256_mul_ps(_mm256_set1_ps(-8.f), d);
+    s.offset = kMin ? halves8(super + 32 + 16 * half) : _mm256_mul_ps(_mm256_set1_ps(-8.f), d);
     return super + (kMin ? 64 : 32);
   }
 };
@@ -84,7 +84,7 @@ struct Q4_K {
   RADIXLM_AVX2 static const uint8_t* scales(const uint8_t* super, int j, int half, Scales& s) {
     s.scale[0] = _mm256_mul_ps(halves8(super + 16 * half), bytes8(super + 64 + 16 * j + 8 * half, false));
     const __m256 dmin = halves8(super + 32 + 16 * half);
-    s.offset[0] = negate(_mm256_mul_ps(dmin, bytes8(super + 192 + 16 * j + 8 * half, false)));
+    s.offset = negate(_mm256_mul_ps(dmin, bytes8(super + 192 + 16 * j + 8 * half, false)));
     return super + 320 + 256 * j;
   }
 };
@@ -95,10 +95,7 @@ struct Q6_K {
   static constexpr int kWiden = 2;
   RADIXLM_AVX2 static void block(const uint8_t* super, int j, int half, Scales& s, __m256i* w) {
     const __m256 d = halves8(super + 16 * half);
-    for (int h = 0; h < 2; ++h) {
-      s.scale[h] = _mm256_mul_ps(d, bytes8(super + 32 + 16 * (2 * j + h) + 8 * half, true));
-      s.offset[h] = _mm256_mul_ps(_mm256_set1_ps(-32.f), s.scale[h]);
-    }
+    for (int h = 0; h < 2; ++h) s.scale[h] = _mm256_mul_ps(d, bytes8(super + 32 + 16 * (2 * j + h) + 8 * half, true));
     const uint8_t* quants = super + 288 + 384 * j;
     nibbles(quants, half, w);
     const __m256i bits45 = _mm256_set1_epi8(0x30);
@@ -185,12 +182,14 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
         const int8_t* xq = x.q + mb * kBlock;
         const __m256 step = _mm256_set1_ps(x.step[mb]);
         if constexpr (F::kHalves) {
-          const __m256i low = dot_groups<4, F::kWiden, F::kSigned>(w, xq);
-          const __m256i high = dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(s.scale[0], step), acc[r]);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(s.scale[1], step), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum16[2 * mb]), acc[r]);
-          acc[r] = _mm256_fmadd_ps(s.offset[1], _mm256_set1_ps(x.sum16[2 * mb + 1]), acc[r]);
+          // Q6_K's offsets (q - 32) taken back in int32, the step applied once for both halves (gguf_portable.cpp)
+          const __m256i low = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w, xq),
+                                               _mm256_set1_epi32(x.offset16[2 * mb]));
+          const __m256i high = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16),
+                                                _mm256_set1_epi32(x.offset16[2 * mb + 1]));
+          const __m256 halves = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), s.scale[1],
+                                                _mm256_mul_ps(_mm256_cvtepi32_ps(low), s.scale[0]));
+          acc[r] = _mm256_fmadd_ps(halves, step, acc[r]);
         } else {  // Q8_0 (signed): no offset, its dot is already sum q x
           const __m256 dot = _mm256_cvtepi32_ps(dot_groups<8, F::kWiden, F::kSigned>(w, xq));
           acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
@@ -238,7 +237,7 @@ RADIXLM_AVX2 void nibble_rows(const uint8_t* tile, const Activations& x, int64_t
         const int64_t mb = (m0 + r) * x.row_blocks + b;
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
         acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], _mm256_set1_ps(x.step[mb])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(s.offset[0], _mm256_set1_ps(x.sum32[mb]), acc[r]);
+        acc[r] = _mm256_fmadd_ps(s.offset, _mm256_set1_ps(x.sum32[mb]), acc[r]);
       }
     }
   }

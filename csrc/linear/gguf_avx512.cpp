@@ -1,7 +1,8 @@
 // The GGUF linear's AVX-512 VNNI kernels (gguf_kernels.h): a tile's 16 output rows are the 16 int32 lanes of a
 // register, and one vpdpbusd multiplies 4 weights of each row by 4 activation bytes broadcast to every lane, so a
 // K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset;
-// Q8_0 two, its offset taken back in int32 by starting the sum from it). The unpacking of the quants (masks and
+// Q8_0 two, its offset taken back in int32 by starting the sum from it; Q6_K four for its two halves, their offsets
+// taken back likewise and the step applied once: 1.15x Q6_K's former order at 256-1,024 rows). The unpacking of the quants (masks and
 // shifts) is paid once per K-block for up to 8 rows.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
@@ -50,10 +51,11 @@ RADIXLM_AVX512 inline void nibbles(const uint8_t* quants, __m512i* w) {
   }
 }
 
-// A format: `prepare` reads a super-block's metadata, `block` a K-block's scales and offsets (one a row, for each
-// 16-weight half: the same for both but in Q6_K) and quants, 8 vectors of 16 rows x 4 bytes.
+// A format: `prepare` reads a super-block's metadata, `block` a K-block's scales (one a row, for each 16-weight half:
+// the same for both but in Q6_K), offsets (one a row; the formats that apply theirs in float) and quants, 8 vectors
+// of 16 rows x 4 bytes.
 struct Scales {
-  __m512 scale[2], offset[2];
+  __m512 scale[2], offset;
 };
 
 struct Q8_0 {  // the stored q + 128's share of a dot product is taken back in int32 (offset32)
@@ -78,7 +80,7 @@ struct Q4Legacy {  // Q4_0: w = d (q - 8); Q4_1: w = d q + m
   }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int, Scales& s, __m512i* w) {
     s.scale[0] = m.d;
-    s.offset[0] = m.offset;
+    s.offset = m.offset;
     nibbles(super + (kMin ? 64 : 32), w);
   }
 };
@@ -90,21 +92,18 @@ struct Q4_K {  // w = (d scale_j) q - (dmin min_j)
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super), halves16(super + 32)}; }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
     s.scale[0] = _mm512_mul_ps(m.d, bytes16(super + 64 + 16 * j, false));
-    s.offset[0] = negate(_mm512_mul_ps(m.dmin, bytes16(super + 192 + 16 * j, false)));
+    s.offset = negate(_mm512_mul_ps(m.dmin, bytes16(super + 192 + 16 * j, false)));
     nibbles(super + 320 + 256 * j, w);
   }
 };
 
-struct Q6_K {  // w = (d scale) (q - 32), a scale per 16 weights
+struct Q6_K {  // w = (d scale) (q - 32), a scale per 16 weights (its offset in int32: offset16)
   static constexpr int64_t kSuperWeights = 256, kSuperBytes = 3360;
   static constexpr bool kHalves = true, kIntOffset = false;
   struct Meta { __m512 d; };
   RADIXLM_AVX512 static Meta prepare(const uint8_t* super) { return {halves16(super)}; }
   RADIXLM_AVX512 static void block(const Meta& m, const uint8_t* super, int j, Scales& s, __m512i* w) {
-    for (int h = 0; h < 2; ++h) {
-      s.scale[h] = _mm512_mul_ps(m.d, bytes16(super + 32 + 16 * (2 * j + h), true));
-      s.offset[h] = _mm512_mul_ps(_mm512_set1_ps(-32.f), s.scale[h]);
-    }
+    for (int h = 0; h < 2; ++h) s.scale[h] = _mm512_mul_ps(m.d, bytes16(super + 32 + 16 * (2 * j + h), true));
     const uint8_t* quants = super + 288 + 384 * j;
     nibbles(quants, w);
     const __m512i bits45 = _mm512_set1_epi8(0x30);
@@ -146,23 +145,23 @@ RADIXLM_AVX512 void tile_rows(const uint8_t* tile, const Activations& x, int64_t
         const int64_t m = m0 + r;
         const int8_t* xq = x.q + (m * x.row_blocks + b) * kBlock;
         const __m512 step = _mm512_set1_ps(x.step[m * x.row_blocks + b]);
-        if constexpr (F::kHalves) {  // two sums, each with its own scale and offset
-          __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
+        if constexpr (F::kHalves) {  // two sums, each started from its offset, each with its own scale
+          const int32_t* offset16 = x.offset16 + 2 * (m * x.row_blocks + b);
+          __m512i low = _mm512_set1_epi32(offset16[0]), high = _mm512_set1_epi32(offset16[1]);
 #pragma GCC unroll 4
           for (int g = 0; g < 4; ++g) low = dpbusd_broadcast(low, w[g], xq + 4 * g);
 #pragma GCC unroll 4
           for (int g = 4; g < 8; ++g) high = dpbusd_broadcast(high, w[g], xq + 4 * g);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), _mm512_mul_ps(s.scale[0], step), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), _mm512_mul_ps(s.scale[1], step), acc[r]);
-          acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b)]), acc[r]);
-          acc[r] = _mm512_fmadd_ps(s.offset[1], _mm512_set1_ps(x.sum16[2 * (m * x.row_blocks + b) + 1]), acc[r]);
+          const __m512 halves = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), s.scale[1],
+                                                _mm512_mul_ps(_mm512_cvtepi32_ps(low), s.scale[0]));
+          acc[r] = _mm512_fmadd_ps(halves, step, acc[r]);
         } else {  // one sum a row (the chunk's rows keep enough of them in flight), Q8_0's started from its offset
           __m512i dot = F::kIntOffset ? _mm512_set1_epi32(x.offset32[m * x.row_blocks + b]) : _mm512_setzero_si512();
 #pragma GCC unroll 8
           for (int g = 0; g < 8; ++g) dot = dpbusd_broadcast(dot, w[g], xq + 4 * g);
           acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s.scale[0], step), acc[r]);
           if constexpr (!F::kIntOffset) {
-            acc[r] = _mm512_fmadd_ps(s.offset[0], _mm512_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(s.offset, _mm512_set1_ps(x.sum32[m * x.row_blocks + b]), acc[r]);
           }
         }
       }

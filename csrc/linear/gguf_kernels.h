@@ -31,15 +31,16 @@ constexpr TileFormat kTileFormats[] = {
 // Rows of activations quantized per K-block: q[m * k + i] int8, step[m * k / 32 + b] (the block's dequantization
 // step: absolute maximum / 127; 0 for a zero block, NaN for one holding NaN or inf), offset32[m * k / 32 + b] = -128
 // x the block's sum of q (what Q8_0's stored q + 128 adds to a dot product, to take back in int32), sum32 = step x
-// that sum, sum16[m * k / 16 + h] the same over each 16 values. A view may cover a slice of
-// the rows' K: then k is the slice's length, the pointers start at its first K-block, and row_blocks (the rows' K
-// over 32) is the stride of a row (q: row_blocks * 32 bytes; step and the sums: row_blocks entries, sum16 twice).
+// that sum, offset16[m * k / 16 + h] = -32 x the sum of q over each 16 values (what Q6_K's stored q adds beyond its
+// q - 32, taken back the same way). A view may cover a slice of the rows' K: then k is the slice's length, the
+// pointers start at its first K-block, and row_blocks (the rows' K over 32) is the stride of a row (q: row_blocks *
+// 32 bytes; step, offset32 and sum32: row_blocks entries, offset16 twice as many).
 struct Activations {
   const int8_t* q;
   const float* step;
   const int32_t* offset32;
   const float* sum32;
-  const float* sum16;
+  const int32_t* offset16;
   int64_t k;
   int64_t row_blocks;
 };
@@ -65,8 +66,8 @@ TileKernel avx512_kernel(int64_t type);
 
 // One K-block of 32 activations quantized as gguf_activations.cpp's scalar quantize_block does (the same results),
 // with AVX-512 (only where isa::cpu_has_avx512()) or AVX2 (isa::cpu_has_avx2()): gguf_quantize_simd.cpp.
-void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16);
-void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16);
+void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, int32_t* offset16);
+void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, int32_t* offset16);
 
 // Row `row` (< 16) of a tile, dequantized to `k` floats at `out` with the float operations of
 // radixlm.model.gguf_blocks.dequantize (so equal to it).

@@ -3,10 +3,12 @@
 // AVX-512, and they are the statement of the arithmetic the vector kernels repeat operation for operation (the
 // tests hold them bit-identical): per K-block b and output column c,
 //   acc = fma(float(dot), scale[c] * step[b], acc), then acc = fma(offset[c], sum32[b], acc)
-// with dot the int32 sum of the block's stored quants times the activation bytes (Q6_K: each 16-weight half on its
-// own, its own scale and offset, against sum16), and finally acc + bias[c]. Q8_0 takes its offset (its quants are
-// stored as q + 128) back in int32 instead, one float operation fewer a block:
+// with dot the int32 sum of the block's stored quants times the activation bytes, and finally acc + bias[c]. Q8_0
+// takes its offset (its quants are stored as q + 128) back in int32 instead, one float operation fewer a block:
 //   acc = fma(float(dot + offset32[b]), scale[c] * step[b], acc).
+// Q6_K sums each 16-weight half on its own (each has its scale), takes its offset (q - 32) back in int32 too, and
+// applies the step once for both halves:
+//   acc = fma(fma(float(high + offset16[b][1]), scale1[c], float(low + offset16[b][0]) * scale0[c]), step[b], acc).
 //
 // Also here: a tile row dequantized with the operations of radixlm.model.gguf_blocks.dequantize (embeddings).
 
@@ -22,11 +24,12 @@ namespace {
 
 inline float half_at(const uint8_t* p) { return c10::detail::fp16_ieee_to_fp32_value(load_u16(p)); }
 
-// One K-block of a tile: for each of the 16 rows, its 32 stored quants (unsigned bytes, as vpdpbusd takes them), and
-// the scale and offset of each 16-weight half (the same for both halves but in Q6_K).
+// One K-block of a tile: for each of the 16 rows, its 32 stored quants (unsigned bytes, as vpdpbusd takes them), the
+// scale of each 16-weight half (the same for both halves but in Q6_K) and the offset the float path applies (Q4_0,
+// Q4_1, Q4_K; Q8_0's and Q6_K's come back in int32).
 struct KBlock {
   uint8_t q[kTileRows][kBlock];
-  float scale[kTileRows][2], offset[kTileRows][2];
+  float scale[kTileRows][2], offset[kTileRows];
 };
 
 // Quants of 4-bit layouts: vector p, byte 4r + i holds q[r][4p+i] (low nibble) and q[r][16+4p+i] (high).
@@ -44,7 +47,7 @@ void unpack_nibbles(const uint8_t* quants, KBlock& u) {
 
 void set_scales(KBlock& u, int r, float scale, float offset) {
   u.scale[r][0] = u.scale[r][1] = scale;
-  u.offset[r][0] = u.offset[r][1] = offset;
+  u.offset[r] = offset;
 }
 
 // K-block j of the super-block at `super`.
@@ -96,14 +99,14 @@ void unpack_q6_k(const uint8_t* super, int j, KBlock& u) {
     for (int h = 0; h < 2; ++h) {
       const float scale = d * static_cast<float>(static_cast<int8_t>(super[32 + 16 * (2 * j + h) + r]));
       u.scale[r][h] = scale;
-      u.offset[r][h] = -32.f * scale;
     }
   }
 }
 
 using Unpack = void (*)(const uint8_t* super, int j, KBlock& u);
 
-// kIntOffset: the offset is taken back from dot in int32 (Q8_0), else applied in float against sum32 / sum16.
+// kIntOffset: the offset is taken back from dot in int32 (Q8_0; Q6_K's halves always), else applied in float against
+// sum32.
 template <Unpack kUnpack, int64_t kSuperWeights, int64_t kSuperBytes, bool kHalves, bool kIntOffset = false>
 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out, int64_t ld_out,
                  int64_t cols, const float* bias, bool accumulate) {
@@ -126,18 +129,17 @@ void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t 
         for (int i = 16; i < 32; ++i) high += u.q[c][i] * xq[i];
         float a = acc[r][c];
         if (kHalves) {
-          const float scale0 = u.scale[c][0] * step, scale1 = u.scale[c][1] * step;
-          a = std::fma(static_cast<float>(low), scale0, a);
-          a = std::fma(static_cast<float>(high), scale1, a);
-          a = std::fma(u.offset[c][0], x.sum16[2 * (m * x.row_blocks + b)], a);
-          a = std::fma(u.offset[c][1], x.sum16[2 * (m * x.row_blocks + b) + 1], a);
+          const int32_t* offset16 = x.offset16 + 2 * (m * x.row_blocks + b);
+          const float halves = std::fma(static_cast<float>(high + offset16[1]), u.scale[c][1],
+                                        static_cast<float>(low + offset16[0]) * u.scale[c][0]);
+          a = std::fma(halves, step, a);
         } else if (kIntOffset) {
           const float scale = u.scale[c][0] * step;
           a = std::fma(static_cast<float>(low + high + x.offset32[m * x.row_blocks + b]), scale, a);
         } else {
           const float scale = u.scale[c][0] * step;
           a = std::fma(static_cast<float>(low + high), scale, a);
-          a = std::fma(u.offset[c][0], x.sum32[m * x.row_blocks + b], a);
+          a = std::fma(u.offset[c], x.sum32[m * x.row_blocks + b], a);
         }
         acc[r][c] = a;
       }
@@ -171,12 +173,12 @@ __attribute__((optimize("fp-contract=off"))) void dequantize_row(int64_t type, c
       case kQ4_1: {
         const uint8_t* super = tile + b * 320;
         unpack_q4_1(super, 0, u);
-        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row][0];
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row];
         break;
       }
       case kQ4_K: {  // (d scale) q - (dmin min)
         unpack_q4_k(tile + b / 8 * 2368, static_cast<int>(b % 8), u);
-        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row][0];
+        for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(u.q[row][i]) * u.scale[row][0] + u.offset[row];
         break;
       }
       default: {  // Q6_K: (d scale) (q - 32)

@@ -25,7 +25,7 @@ RADIXLM_AVX2 inline int32_t sum8(__m256i v) {  // exact in any order
 }
 
 RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
-                                           float* sum16) {
+                                           int32_t* offset16) {
   __m256 v[4], top8 = _mm256_setzero_ps();
   int below_inf = 0xff;
   for (int i = 0; i < 4; ++i) {
@@ -55,12 +55,12 @@ RADIXLM_AVX2 void quantize_block_avx2_impl(const float* x, int8_t* q, float* ste
   const int32_t sum = halves[0] + halves[1];
   *offset32 = -128 * sum;
   *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
+  offset16[0] = -32 * halves[0];
+  offset16[1] = -32 * halves[1];
 }
 
 RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32,
-                                               float* sum16) {
+                                               int32_t* offset16) {
   const __m512 half[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
   const __m512 magnitude[2] = {_mm512_abs_ps(half[0]), _mm512_abs_ps(half[1])};
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
@@ -81,18 +81,18 @@ RADIXLM_AVX512 void quantize_block_avx512_impl(const float* x, int8_t* q, float*
   const int32_t sum = halves[0] + halves[1];
   *offset32 = -128 * sum;
   *sum32 = *step * static_cast<float>(sum);
-  sum16[0] = *step * static_cast<float>(halves[0]);
-  sum16[1] = *step * static_cast<float>(halves[1]);
+  offset16[0] = -32 * halves[0];
+  offset16[1] = -32 * halves[1];
 }
 
 }  // namespace
 
-void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
-  quantize_block_avx2_impl(x, q, step, offset32, sum32, sum16);
+void quantize_block_avx2(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, int32_t* offset16) {
+  quantize_block_avx2_impl(x, q, step, offset32, sum32, offset16);
 }
 
-void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, float* sum16) {
-  quantize_block_avx512_impl(x, q, step, offset32, sum32, sum16);
+void quantize_block_avx512(const float* x, int8_t* q, float* step, int32_t* offset32, float* sum32, int32_t* offset16) {
+  quantize_block_avx512_impl(x, q, step, offset32, sum32, offset16);
 }
 
 }  // namespace radixlm_gguf
