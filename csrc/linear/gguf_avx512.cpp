@@ -2,8 +2,8 @@
 // register, and one vpdpbusd multiplies 4 weights of each row by 4 activation bytes broadcast to every lane, so a
 // K-block of 32 weights costs 8 of them per activation row, and its scaling three more (convert, scale, offset;
 // Q8_0 two, its offset taken back in int32 by starting the sum from it; Q6_K four for its two halves, their offsets
-// taken back likewise and the step applied once: 1.15x Q6_K's former order at 256-1,024 rows). The unpacking of the quants (masks and
-// shifts) is paid once per K-block for up to 8 rows.
+// taken back likewise and the step applied once: 1.15x Q6_K's former order at 256-1,024 rows). The unpacking of the
+// quants (masks and shifts) is paid once per K-block for up to 8 rows.
 //
 // The arithmetic is gguf_portable.cpp's, operation for operation: the results are bit-identical to it. Every function
 // here carries its target attribute (RADIXLM_AVX512, isa.h), so the file builds whatever the build's -march, and runs
