@@ -74,8 +74,14 @@ class TensorParallelExecutor(WorkerProcess):
 
     def _settle(self, timeout: float = 1.0) -> None:
         """A rank's collective fails as soon as a peer's sockets close, which is a moment before that peer can be
-        seen to have exited: wait up to `timeout` for a rank to exit, so the error names it."""
-        multiprocessing.connection.wait([process.sentinel for _, process in self.watched()], timeout)
+        seen to have exited: wait up to `timeout` for a rank to exit, so the error names it. Its sentinel closes with
+        its sockets, still a moment before it can be reaped, so a rank whose sentinel is ready is joined (a blocking
+        wait for its exit code) rather than asked `is_alive()`, which could still answer yes."""
+        processes = [process for _, process in self.watched()]
+        ready = multiprocessing.connection.wait([process.sentinel for process in processes], timeout)
+        for process in processes:
+            if process.sentinel in ready:
+                process.join(timeout)
 
     def close(self) -> None:
         if hasattr(self, "_process"):
