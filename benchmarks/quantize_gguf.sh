@@ -8,13 +8,14 @@
 # Paths are passed absolute: llama-quantize reads a second argument that starts with a digit ("1b-q4.gguf") as a
 # file type number.
 set -euo pipefail
+[ $# -eq 3 ] || { echo "usage: $0 IN.gguf OUT.gguf TYPE" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 in=$(realpath "$1")
 out=$(realpath -m "$2")
 peers="$repo/../shared/peers"
-if grep -q avx512_vnni /proc/cpuinfo && grep -q avx512_bf16 /proc/cpuinfo && [ -x "$peers/llama-quantize-avx512" ]; then
-  exec "$peers/llama-quantize-avx512" --allow-requantize "$in" "$out" "$3"
+if grep -q avx512_vnni /proc/cpuinfo && grep -q avx512_bf16 /proc/cpuinfo && [ -x "$peers/quantize-gguf.sh" ]; then
+  exec "$peers/quantize-gguf.sh" "$in" "$out" "$3"
 fi
 cache="$HOME/.cache/radixlm-peers/llama-quantize"
 tool="$cache/llama-quantize"

@@ -30,11 +30,10 @@ def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linea
     engine = build_engine(**options)
     linears = linear_modules(engine.runner.model)
     packed = [m for m in linears if type(m).__name__ in ("PrepackedLinear", "Bf16Linear", "DotPackedLinear")]
-    if prepacking_available():
-        assert packed and weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in packed)
-    else:  # an AVX2-only CPU: oneDNN takes no bfloat16 there, and the linears stay plain
-        assert not packed and weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features
-                                                                        for m in linears)
+    # On an AVX2-only CPU oneDNN takes no bfloat16, and the linears stay plain (their bytes counted instead).
+    counted = packed if prepacking_available() else linears
+    assert bool(packed) == prepacking_available()
+    assert weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in counted)
 
 
 def test_step_probe_times_each_linear_forward_and_leaves_the_model_as_it_found_it(tiny_model_dir):
