@@ -22,7 +22,8 @@ def test_bench_step_reports_every_part(tiny_model_dir, capsys):
 
 
 def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linears(tiny_model_dir, capsys):
-    options = {"model": str(tiny_model_dir("llama")), "dtype": "bfloat16", "max_num_batched_tokens": 16}
+    options = {"model": str(tiny_model_dir("llama")), "dtype": "bfloat16", "max_num_batched_tokens": 16,
+               "num_kv_blocks": 64}
     [(length, ms)] = bench_prefill(options, (40,), num_steps=2)  # the budget rises to the prompt
     assert length == 40
     assert ms["step"] >= ms["execute"] >= ms["forward"] >= ms["linears"] > 0 and ms["attention"] > 0
@@ -53,10 +54,11 @@ def test_step_probe_times_each_linear_forward_and_leaves_the_model_as_it_found_i
 
 def test_bench_quality_of_the_reference_against_itself_and_of_int8(tiny_model_dir):
     model = str(tiny_model_dir("llama"))
-    same = bench_quality({"model": model}, num_prompts=4, num_tokens=8, window=64)
+    same = bench_quality({"model": model, "num_kv_blocks": 256}, num_prompts=4, num_tokens=8, window=64)
     assert same.identical_fraction == 1.0 and same.mean_matching_prefix == 8
     assert same.mean_logprob_delta == 0.0 and same.num_text_tokens > 1000
     assert same.top1_agreement >= 0.95  # its own answers, teacher-forced: prefill rows instead of decodes
-    int8 = bench_quality({"model": model, "quantization": "int8"}, num_prompts=4, num_tokens=8, window=64)
+    int8 = bench_quality({"model": model, "quantization": "int8", "num_kv_blocks": 256}, num_prompts=4,
+                         num_tokens=8, window=64)
     assert 0 < int8.mean_abs_logprob_delta < 1.0
     assert 0 <= int8.identical_fraction <= 1

@@ -1,10 +1,11 @@
 """One install runs on every x86 CPU with AVX2: setup.py builds the extension twice (radixlm._C for AVX2,
 radixlm._C_avx512 for AVX-512 VNNI/BF16) and radixlm/model/ops.py loads the one the CPU runs.
 
-Each check runs a child process (tests/e2e/kernel_build_run.py), since a process loads one build: where QEMU's
-user-mode emulator is installed (Debian's qemu-user, which .ci/run installs), under an emulated CPU without AVX-512
-(QEMU's TCG has none), which must choose the AVX2 build by itself and dies with SIGILL at any AVX-512 instruction;
-elsewhere, the AVX2 build forced on this CPU (RADIXLM_KERNEL_ISA=avx2, which hides the run-time AVX-512 paths too).
+Each check runs a child process (tests/e2e/kernel_build_run.py), since a process loads one build, on a CPU without
+AVX-512, which must choose the AVX2 build by itself and dies with SIGILL at any AVX-512 instruction: this one where it
+has none (an AVX2-only Zen 3), else an emulated one where QEMU's user-mode emulator is installed (Debian's qemu-user,
+which .ci/run installs; QEMU's TCG has no AVX-512, and emulating the run takes about 50 s on two cores); elsewhere,
+the AVX2 build forced on this CPU (RADIXLM_KERNEL_ISA=avx2, which hides the run-time AVX-512 paths too).
 Greedy float32 tokens equal HF's, and the GGUF model's equal this process's (the kernel's paths are bit-identical to
 each other)."""
 
@@ -32,6 +33,7 @@ pytestmark = pytest.mark.skipif(extension_error() is not None, reason=f"no exten
 CHILD = Path(__file__).with_name("kernel_build_run.py")
 MAX_NEW = 12
 QEMU = shutil.which("qemu-x86_64")
+HAS_AVX512 = torch.cpu._is_avx512_supported()  # without any, this CPU is one the AVX2 build is for
 
 
 def prompts() -> list[list[int]]:
@@ -85,16 +87,18 @@ def check(result: dict, llama: Path, gguf: Path) -> None:
         assert [len(t) for t in tokens] == [MAX_NEW] * len(prompts())
 
 
-@pytest.mark.skipif(QEMU is not None, reason="the emulated CPU's run below covers this one")
+@pytest.mark.skipif(not HAS_AVX512 or QEMU is not None, reason="the run on a CPU without AVX-512 below covers it")
 def test_avx2_build_runs_on_this_cpu(models):
     llama, gguf = models
     check(child(runs(llama, gguf), {KERNEL_ISA_VARIABLE: "avx2"}), llama, gguf)
 
 
-@pytest.mark.skipif(QEMU is None, reason="needs qemu-x86_64 (Debian's qemu-user) to emulate a CPU without AVX-512")
+@pytest.mark.skipif(HAS_AVX512 and QEMU is None,
+                    reason="needs a CPU without AVX-512, or qemu-x86_64 (Debian's qemu-user) to emulate one")
 def test_a_cpu_without_avx512_runs_the_avx2_build(models):
     llama, gguf = models
-    check(child(runs(llama, gguf), {}, prefix=(QEMU, "-cpu", "max")), llama, gguf)
+    emulated = (QEMU, "-cpu", "max") if HAS_AVX512 else ()
+    check(child(runs(llama, gguf), {}, prefix=emulated), llama, gguf)
 
 
 def test_forcing_avx2_hides_every_avx512_path():

@@ -159,11 +159,12 @@ def test_a_stop_string_inside_verified_tokens_cuts_the_output_where_plain_decodi
     model_dir = str(tiny_model_dir("llama"))
     prompt = repetitive_prompts()[4]  # its greedy output repeats
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    text = run(build_engine(model=model_dir), [("t", prompt, params)])["t"].sequences[0].text
+    small = dict(num_kv_blocks=256, block_size=4)  # not the default budget: committing it takes seconds here
+    text = run(build_engine(model=model_dir, **small), [("t", prompt, params)])["t"].sequences[0].text
     stop = text[len(text) // 2:len(text) // 2 + 2]
     outputs = []
     for spec in (None, SPEC):
-        engine = build_engine(model=model_dir, speculative_config=spec)
+        engine = build_engine(model=model_dir, speculative_config=spec, **small)
         final = run(engine, [("s", prompt, params.replace(stop=[stop]))])["s"].sequences[0]
         outputs.append((final.token_ids, final.text, final.finish_reason, final.stop_reason))
     assert outputs[1] == outputs[0] and outputs[0][2] == "stop" and stop not in outputs[0][1]

@@ -20,6 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
 LONG_CONTEXT = 4096  # the long_model_dir fixture's context
+# The KV budget of a test server unless its flags say otherwise: the default (a tenth of free memory, ~2 GB here) is
+# committed at start, and in a VM that hands freed memory back to its host, first touching 2 GB took 3-8 s a start.
+TEST_KV_BUDGET = ("--kv-cache-memory", "256MiB")
 
 
 def free_port() -> int:
@@ -136,10 +139,11 @@ def launch(command: list[str], log_path: Path, port: int, api_key: str | None = 
 
 def start_server(model: str | Path, tmp_dir: Path, *args: str, api_key: str | None = None,
                  wait: bool = True) -> ServerProcess:
-    """`radixlm serve --model MODEL --port <free> ARGS...`, waiting for /health to answer 200."""
+    """`radixlm serve --model MODEL --port <free> ARGS...` (with `TEST_KV_BUDGET` unless ARGS size the KV cache),
+    waiting for /health to answer 200."""
     port = free_port()
     command = [sys.executable, "-m", "radixlm.cli", "serve", "--model", str(model), "--port", str(port),
-               "--num-threads", "1", *args]
+               "--num-threads", "1", *TEST_KV_BUDGET, *args]  # a later flag overrides an earlier one
     if api_key:
         command += ["--api-key", api_key]
     server = launch(command, tmp_dir / f"server-{port}.log", port, api_key)

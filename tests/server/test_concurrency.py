@@ -6,8 +6,7 @@ import asyncio
 
 import pytest
 
-from radixlm.config import DEFAULT_MODEL
-from server.harness import ServerAccess, start_server
+from server.harness import ServerAccess
 from server.inprocess import InProcessServer
 
 TOPICS = ["the quick brown fox", "a paged KV cache", "continuous batching", "radix trees", "héllo wörld 你好",
@@ -80,9 +79,6 @@ def test_32_concurrent_chats_equal_alone_tiny(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_32_concurrent_chats_equal_alone_default_model(tmp_path):
-    server = start_server(DEFAULT_MODEL, tmp_path, "--kv-cache-memory", "256MiB")
-    try:
-        check_concurrent_equals_alone(server, count=32, max_tokens=16)
-    finally:
-        server.stop()
+def test_32_concurrent_chats_equal_alone_default_model(default_tool_server):
+    """On the session's default-model server (a real `radixlm serve` process, up to 32 running requests)."""
+    check_concurrent_equals_alone(default_tool_server, count=32, max_tokens=8)

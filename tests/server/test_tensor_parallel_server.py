@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import psutil
 
-from server.harness import REPO_ROOT, free_port, start_server
+from server.harness import REPO_ROOT, TEST_KV_BUDGET, free_port, start_server
 
 
 def wait_exit(server, timeout: float) -> float:
@@ -78,7 +78,7 @@ def start_node1(model, flags: list[str], log_path) -> subprocess.Popen:
 
 def two_node_flags() -> list[str]:
     return ["--tensor-parallel-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
-            "--num-threads", "1"]
+            "--num-threads", "1", *TEST_KV_BUDGET]  # node 1 sizes its rank's cache itself
 
 
 def test_a_rank_on_another_node_that_dies_ends_the_server(long_model_dir, tmp_path):
