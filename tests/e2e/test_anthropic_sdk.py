@@ -1,16 +1,12 @@
-"""The Messages API on the default model through `radixlm serve` (smollm2_tools template, hermes parser), driven
-by the official anthropic SDK with its `x-api-key` header: a reply, the same reply streamed, and a forced tool use
-whose result goes back to the model."""
+"""The Messages API on the default model through `radixlm serve` (the session's server: smollm2_tools template,
+hermes parser), driven by the official anthropic SDK: a reply, the same reply streamed, and a forced tool use whose
+result goes back to the model. (The SDK's `x-api-key` header against a server with a key: test_messages_api.py.)"""
 
 from __future__ import annotations
 
 import anthropic
 import jsonschema
 import pytest
-from server.harness import API_KEY, start_server
-
-from radixlm.config import DEFAULT_MODEL
-from radixlm.model.loader import resolve_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -23,12 +19,8 @@ GREEDY = {"temperature": 0}  # the SDK's create() takes no sampling fields: they
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    server = start_server(resolve_model_dir(DEFAULT_MODEL), tmp_path_factory.mktemp("anthropic"), "--chat-template",
-                          "smollm2_tools", "--tool-call-parser", "hermes", "--served-model-name", "m",
-                          api_key=API_KEY)
-    yield anthropic.Anthropic(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
-    server.stop()
+def client(default_tool_server):
+    return anthropic.Anthropic(base_url=default_tool_server.base_url, api_key="unused", max_retries=0, timeout=120)
 
 
 def test_reply_and_its_stream_agree(client):

@@ -10,18 +10,14 @@ import time
 
 import pytest
 
-from server.harness import start_server
-
 QUIET = 2.0  # seconds without a byte after which a connection that has not closed counts as kept open
 SMUGGLED = b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n"
 BODY = b'{"prompt": "the quick", "max_tokens": 1}'
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    server = start_server(tiny_model_dir("llama"), tmp_path_factory.mktemp("framing"))
-    yield server
-    server.stop()
+def server(default_tool_server):
+    return default_tool_server  # a real `radixlm serve` process (one start less for the suite)
 
 
 def post(headers: list[str], body: bytes, version: str = "HTTP/1.1", eol: str = "\r\n") -> bytes:
