@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from radixlm.bench.serve import BenchOptions, own_server, run_all, wait_healthy
 from radixlm.bench.serve_workloads import WorkloadSpec
 from radixlm.bench.workload import parse_range
@@ -101,13 +103,24 @@ class ServerCost:
     peak_rss_bytes: int
 
 
-def peak_rss_bytes(pid: int) -> int:
-    """The process's peak resident set size (Linux's VmHWM), 0 where /proc does not say."""
+def process_peak_rss_bytes(pid: int) -> int:
+    """One process's peak resident set size (Linux's VmHWM), 0 where /proc does not say."""
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """A server's peak resident set size: its process's and every live descendant's, summed. A server may hold its
+    model in child processes (vLLM's engine core and worker: 0.8 GB in its API process, 5.3 GB in its worker), and
+    each one's peak is summed, an upper bound of the tree's peak when they came at different times."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    return process_peak_rss_bytes(pid) + sum(process_peak_rss_bytes(child.pid) for child in children)
 
 
 @contextlib.contextmanager
