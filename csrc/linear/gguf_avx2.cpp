@@ -17,6 +17,8 @@ namespace radixlm_gguf {
 namespace {
 
 constexpr int kRowsPerChunk = 4;  // activation rows a pass over the tile serves (registers: 16 ymm)
+// Up to this many rows, one pass over the tile serves both halves (tile_rows); more rows take a pass a half.
+constexpr int kPairedRows = 2;
 
 RADIXLM_AVX2 inline __m256 halves8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -148,8 +150,8 @@ RADIXLM_AVX2 inline void finish_sums(const __m256* acc, float* out, int64_t ld_o
   }
 }
 
-// K-block j of a super-block's share of the tile, requested kPrefetchBytes and kPrefetchL2Bytes ahead. Only the
-// first half's pass asks: it reads the tile from memory, the second finds it in L1.
+// K-block j of a super-block's share of the tile, requested kPrefetchBytes and kPrefetchL2Bytes ahead. Only a pass
+// that starts at the first half asks: it reads the tile from memory; a second pass finds it in L1.
 template <class F>
 RADIXLM_AVX2 inline void prefetch_block(const uint8_t* super, int j) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
@@ -161,43 +163,49 @@ RADIXLM_AVX2 inline void prefetch_block(const uint8_t* super, int j) {
 }
 
 // Q8_0 and Q6_K: a K-block's 8 weight vectors unpacked first, then each row's dot products (dot_groups), 4 rows a
-// pass (kRowsPerChunk).
-template <class F, int kRows>
+// pass (kRowsPerChunk). kSpan halves (from `half`) a pass: see tile_rows.
+template <class F, int kRows, int kSpan>
 RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
                             int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
-  const int64_t blocks = x.k / kBlock, valid = cols - 8 * half;
-  float* out_half = out + m0 * ld_out + 8 * half;
-  __m256 acc[kRows];
-  start_sums<kRows>(acc, out_half, ld_out, valid, accumulate);
+  const int64_t blocks = x.k / kBlock;
+  __m256 acc[kSpan][kRows];
+  for (int h = 0; h < kSpan; ++h) {
+    start_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h), accumulate);
+  }
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
-      Scales s;
-      __m256i w[8];
       if (half == 0) prefetch_block<F>(tile, j);
-      F::block(tile, j, half, s, w);
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t mb = (m0 + r) * x.row_blocks + b;
-        const int8_t* xq = x.q + mb * kBlock;
-        const __m256 step = _mm256_set1_ps(x.step[mb]);
-        if constexpr (F::kHalves) {
-          // Q6_K's offsets (q - 32) taken back in int32, the step applied once for both halves (gguf_portable.cpp)
-          const __m256i low = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w, xq),
-                                               _mm256_set1_epi32(x.offset16[2 * mb]));
-          const __m256i high = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16),
-                                                _mm256_set1_epi32(x.offset16[2 * mb + 1]));
-          const __m256 halves = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), s.scale[1],
-                                                _mm256_mul_ps(_mm256_cvtepi32_ps(low), s.scale[0]));
-          acc[r] = _mm256_fmadd_ps(halves, step, acc[r]);
-        } else {  // Q8_0 (signed): no offset, its dot is already sum q x
-          const __m256 dot = _mm256_cvtepi32_ps(dot_groups<8, F::kWiden, F::kSigned>(w, xq));
-          acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[r]);
+      for (int h = 0; h < kSpan; ++h) {
+        Scales s;
+        __m256i w[8];
+        F::block(tile, j, half + h, s, w);
+        for (int r = 0; r < kRows; ++r) {
+          const int64_t mb = (m0 + r) * x.row_blocks + b;
+          const int8_t* xq = x.q + mb * kBlock;
+          const __m256 step = _mm256_set1_ps(x.step[mb]);
+          if constexpr (F::kHalves) {
+            // Q6_K's offsets (q - 32) taken back in int32, the step applied once for both halves (gguf_portable.cpp)
+            const __m256i low = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w, xq),
+                                                 _mm256_set1_epi32(x.offset16[2 * mb]));
+            const __m256i high = _mm256_add_epi32(dot_groups<4, F::kWiden, F::kSigned>(w + 4, xq + 16),
+                                                  _mm256_set1_epi32(x.offset16[2 * mb + 1]));
+            const __m256 halves = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), s.scale[1],
+                                                  _mm256_mul_ps(_mm256_cvtepi32_ps(low), s.scale[0]));
+            acc[h][r] = _mm256_fmadd_ps(halves, step, acc[h][r]);
+          } else {  // Q8_0 (signed): no offset, its dot is already sum q x
+            const __m256 dot = _mm256_cvtepi32_ps(dot_groups<8, F::kWiden, F::kSigned>(w, xq));
+            acc[h][r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], step), acc[h][r]);
+          }
         }
       }
     }
   }
-  finish_sums<kRows>(acc, out_half, ld_out, valid, bias ? bias + 8 * half : nullptr);
+  for (int h = 0; h < kSpan; ++h) {
+    finish_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h),
+                       bias ? bias + 8 * (half + h) : nullptr);
+  }
 }
 
 // The 4-bit formats: the rows inside the loop over a K-block's 4 quant vectors, so that only one vector's two
@@ -205,54 +213,70 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
 // registers. Unpacked ahead of the rows as half_rows does, the 8 vectors and 4 rows' sums left too few registers:
 // Q4_K at 8-256 rows 1.13-1.15x faster this way (Zen 4, RADIXLM_KERNEL_ISA=avx2; 1-4 rows the same), with the same
 // integer sums, so the same bits. GCC's choices decide it: with tile_rows looping over the halves instead of calling
-// this twice, it unrolled the quant loop and spilled two rows' sums (0.75x).
-template <class F, int kRows>
+// this twice, it unrolled the quant loop and spilled two rows' sums (0.75x). kSpan halves (from `half`) a pass.
+template <class F, int kRows, int kSpan>
 RADIXLM_AVX2 void nibble_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
                               int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
-  const int64_t blocks = x.k / kBlock, valid = cols - 8 * half;
-  float* out_half = out + m0 * ld_out + 8 * half;
+  const int64_t blocks = x.k / kBlock;
   const __m256i low4 = _mm256_set1_epi8(15);
-  __m256 acc[kRows];
-  start_sums<kRows>(acc, out_half, ld_out, valid, accumulate);
+  __m256 acc[kSpan][kRows];
+  for (int h = 0; h < kSpan; ++h) {
+    start_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h), accumulate);
+  }
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
       if (half == 0) prefetch_block<F>(tile, j);
-      Scales s;
-      const uint8_t* quants = F::scales(tile, j, half, s);
-      __m256i pairs[kRows];
       const int8_t* xq[kRows];
       for (int r = 0; r < kRows; ++r) xq[r] = x.q + ((m0 + r) * x.row_blocks + b) * kBlock;
-      for (int p = 0; p < 4; ++p) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * p + 32 * half));
-        const __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        for (int r = 0; r < kRows; ++r) {
-          const __m256i a = _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xq[r] + 4 * p)));
-          const __m256i c = _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xq[r] + 4 * p + 16)));
-          pairs[r] = p == 0 ? _mm256_add_epi16(a, c) : _mm256_add_epi16(pairs[r], _mm256_add_epi16(a, c));
+      for (int h = 0; h < kSpan; ++h) {
+        Scales s;
+        const uint8_t* quants = F::scales(tile, j, half + h, s);
+        __m256i pairs[kRows] = {};  // each set at p == 0 (the initializer only quiets GCC)
+        for (int p = 0; p < 4; ++p) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(quants + 64 * p + 32 * (half + h)));
+          const __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          for (int r = 0; r < kRows; ++r) {
+            const __m256i a = _mm256_maddubs_epi16(low, _mm256_set1_epi32(load_i32(xq[r] + 4 * p)));
+            const __m256i c = _mm256_maddubs_epi16(high, _mm256_set1_epi32(load_i32(xq[r] + 4 * p + 16)));
+            pairs[r] = p == 0 ? _mm256_add_epi16(a, c) : _mm256_add_epi16(pairs[r], _mm256_add_epi16(a, c));
+          }
         }
-      }
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t mb = (m0 + r) * x.row_blocks + b;
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
-        acc[r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], _mm256_set1_ps(x.step[mb])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(s.offset, _mm256_set1_ps(x.sum32[mb]), acc[r]);
+        for (int r = 0; r < kRows; ++r) {
+          const int64_t mb = (m0 + r) * x.row_blocks + b;
+          const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs[r], _mm256_set1_epi16(1)));
+          acc[h][r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s.scale[0], _mm256_set1_ps(x.step[mb])), acc[h][r]);
+          acc[h][r] = _mm256_fmadd_ps(s.offset, _mm256_set1_ps(x.sum32[mb]), acc[h][r]);
+        }
       }
     }
   }
-  finish_sums<kRows>(acc, out_half, ld_out, valid, bias ? bias + 8 * half : nullptr);
+  for (int h = 0; h < kSpan; ++h) {
+    finish_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h),
+                       bias ? bias + 8 * (half + h) : nullptr);
+  }
 }
 
+// A chunk of rows times the tile: one pass over both halves up to kPairedRows rows, else a pass a half (each pass
+// holds kSpan x kRows sums in registers). A pass a half reads every cache line of the tile in the first pass while it
+// uses half of each, so that pass waits on memory and the second runs from L1 with memory idle; one pass keeps the
+// stream and the arithmetic together. At 1 row from memory (1B Q4_K_M tensors, Zen 3, 2 threads) Q4_K 19-22 against
+// 15-18 GB/s, Q6_K 19-24 against 17-19; a batch-1 step of the 1B file 34.2-34.7 against 41.1-46.6 ms. At 3-4 rows the
+// paired sums spill (Q4_K 0.7-0.9x), so those take a pass a half. The sums per column are the same either way.
 template <class F, int kRows>
 RADIXLM_AVX2 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m0, float* out, int64_t ld_out,
                             int64_t cols, const float* bias, bool accumulate) {
-  if constexpr (F::kNibbles) {
-    nibble_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
-    if (cols > 8) nibble_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
+  if constexpr (kRows <= kPairedRows && F::kNibbles) {
+    nibble_rows<F, kRows, 2>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+  } else if constexpr (kRows <= kPairedRows) {
+    half_rows<F, kRows, 2>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+  } else if constexpr (F::kNibbles) {
+    nibble_rows<F, kRows, 1>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+    if (cols > 8) nibble_rows<F, kRows, 1>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
   } else {
-    half_rows<F, kRows>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
-    if (cols > 8) half_rows<F, kRows>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
+    half_rows<F, kRows, 1>(tile, x, m0, 0, out, ld_out, cols, bias, accumulate);
+    if (cols > 8) half_rows<F, kRows, 1>(tile, x, m0, 1, out, ld_out, cols, bias, accumulate);
   }
 }
 
