@@ -130,23 +130,51 @@ RADIXLM_AVX2 inline __m256i dot_groups(const __m256i* w, const int8_t* xq) {
   return sum;
 }
 
-// A chunk's running sums for one half of the tile (8 output columns, `valid` of them real: it may be <= 0): loaded
-// from out when `accumulate`, else zero; stored back with the bias.
-template <int kRows>
-RADIXLM_AVX2 inline void start_sums(__m256* acc, const float* out, int64_t ld_out, int64_t valid, bool accumulate) {
-  for (int r = 0; r < kRows; ++r) {
-    alignas(32) float v[8] = {};
-    for (int64_t c = 0; accumulate && c < valid && c < 8; ++c) v[c] = out[r * ld_out + c];
-    acc[r] = _mm256_load_ps(v);
+// Lanes c < valid of 8 (0 < valid < 8), for maskload/maskstore: a masked-off lane is neither read nor written, so a
+// tile's last columns never touch memory past the output's row or the bias.
+RADIXLM_AVX2 inline __m256i lane_mask(int64_t valid) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// 8 floats at p, of which `valid` (may be <= 0 or above 8) are real: zeros past them. Masked only when needed: a
+// vector rebuilt from scalar stores stalls its load on store forwarding, and Zen 3's masked stores are slow.
+RADIXLM_AVX2 inline __m256 load_lanes(const float* p, int64_t valid) {
+  if (valid >= 8) return _mm256_loadu_ps(p);
+  return valid <= 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(p, lane_mask(valid));
+}
+
+RADIXLM_AVX2 inline void store_lanes(float* p, int64_t valid, __m256 v) {
+  if (valid >= 8) {
+    _mm256_storeu_ps(p, v);
+  } else if (valid > 0) {
+    _mm256_maskstore_ps(p, lane_mask(valid), v);
   }
 }
 
-template <int kRows>
-RADIXLM_AVX2 inline void finish_sums(const __m256* acc, float* out, int64_t ld_out, int64_t valid, const float* bias) {
-  for (int r = 0; r < kRows; ++r) {
-    alignas(32) float v[8];
-    _mm256_store_ps(v, acc[r]);
-    for (int64_t c = 0; c < valid && c < 8; ++c) out[r * ld_out + c] = bias ? v[c] + bias[c] : v[c];
+// A chunk's running sums for kSpan halves of the tile from `half` (8 output columns each, of `cols` real ones):
+// loaded from out when `accumulate`, else zero.
+template <int kRows, int kSpan>
+RADIXLM_AVX2 inline void start_sums(__m256 (*acc)[kRows], const float* out, int64_t ld_out, int half, int64_t cols,
+                                    bool accumulate) {
+  for (int h = 0; h < kSpan; ++h) {
+    for (int r = 0; r < kRows; ++r) {
+      acc[h][r] = accumulate ? load_lanes(out + r * ld_out + 8 * (half + h), cols - 8 * (half + h))
+                             : _mm256_setzero_ps();
+    }
+  }
+}
+
+// The sums stored back, the bias (if any) added first.
+template <int kRows, int kSpan>
+RADIXLM_AVX2 inline void finish_sums(__m256 (*acc)[kRows], float* out, int64_t ld_out, int half, int64_t cols,
+                                     const float* bias) {
+  for (int h = 0; h < kSpan; ++h) {
+    const int64_t valid = cols - 8 * (half + h);
+    const __m256 b = bias ? load_lanes(bias + 8 * (half + h), valid) : _mm256_setzero_ps();
+    for (int r = 0; r < kRows; ++r) {
+      // no bias adds nothing: v + 0 would turn a -0 sum into +0
+      store_lanes(out + r * ld_out + 8 * (half + h), valid, bias ? _mm256_add_ps(acc[h][r], b) : acc[h][r]);
+    }
   }
 }
 
@@ -170,9 +198,7 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
   constexpr int64_t kPerSuper = F::kSuperWeights / kBlock;
   const int64_t blocks = x.k / kBlock;
   __m256 acc[kSpan][kRows];
-  for (int h = 0; h < kSpan; ++h) {
-    start_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h), accumulate);
-  }
+  start_sums<kRows, kSpan>(acc, out + m0 * ld_out, ld_out, half, cols, accumulate);
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
@@ -202,10 +228,7 @@ RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m
       }
     }
   }
-  for (int h = 0; h < kSpan; ++h) {
-    finish_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h),
-                       bias ? bias + 8 * (half + h) : nullptr);
-  }
+  finish_sums<kRows, kSpan>(acc, out + m0 * ld_out, ld_out, half, cols, bias);
 }
 
 // The 4-bit formats: the rows inside the loop over a K-block's 4 quant vectors, so that only one vector's two
@@ -221,9 +244,7 @@ RADIXLM_AVX2 void nibble_rows(const uint8_t* tile, const Activations& x, int64_t
   const int64_t blocks = x.k / kBlock;
   const __m256i low4 = _mm256_set1_epi8(15);
   __m256 acc[kSpan][kRows];
-  for (int h = 0; h < kSpan; ++h) {
-    start_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h), accumulate);
-  }
+  start_sums<kRows, kSpan>(acc, out + m0 * ld_out, ld_out, half, cols, accumulate);
   for (int64_t b0 = 0; b0 < blocks; b0 += kPerSuper, tile += F::kSuperBytes) {
     for (int j = 0; j < kPerSuper; ++j) {
       const int64_t b = b0 + j;
@@ -252,10 +273,7 @@ RADIXLM_AVX2 void nibble_rows(const uint8_t* tile, const Activations& x, int64_t
       }
     }
   }
-  for (int h = 0; h < kSpan; ++h) {
-    finish_sums<kRows>(acc[h], out + m0 * ld_out + 8 * (half + h), ld_out, cols - 8 * (half + h),
-                       bias ? bias + 8 * (half + h) : nullptr);
-  }
+  finish_sums<kRows, kSpan>(acc, out + m0 * ld_out, ld_out, half, cols, bias);
 }
 
 // A chunk of rows times the tile: one pass over both halves up to kPairedRows rows, else a pass a half (each pass
