@@ -191,7 +191,7 @@ RADIXLM_AVX2 inline void prefetch_block(const uint8_t* super, int j) {
 
 // Q8_0 and Q6_K: a K-block's 8 weight vectors unpacked first, then each row's dot products (dot_groups), up to
 // kChunkRows rows a pass. The 8 vectors and a row's temporaries fill the registers, so the rows' sums live in memory
-// (a load and a store a row and K-block); unpacking for 8 rows rather than 4 made Q6_K at 8-256 rows 1.11-1.22x
+// (a load and a store a row and K-block); unpacking for 8 rows rather than 4 made Q6_K at 5-256 rows 1.11-1.22x
 // faster on a Zen 3 (Q8_0 unchanged), same bits. kSpan halves (from `half`) a pass: see tile_rows.
 template <class F, int kRows, int kSpan>
 RADIXLM_AVX2 void half_rows(const uint8_t* tile, const Activations& x, int64_t m0, int half, float* out,
@@ -299,7 +299,7 @@ RADIXLM_AVX2 void tile_rows(const uint8_t* tile, const Activations& x, int64_t m
   }
 }
 
-// Rows by chunks of kChunkRows (8), all of a call, and the rest in one pass.
+// A call's rows (at most kChunkRows, gguf_kernels.h) in one pass of tile_rows.
 template <class F>
 RADIXLM_AVX2 void tile_kernel(const uint8_t* tile, const Activations& x, int64_t m0, int64_t rows, float* out,
                               int64_t ld_out, int64_t cols, const float* bias, bool accumulate) {
