@@ -135,8 +135,8 @@ RADIXLM_AVX2 inline __m256i lane_mask(int64_t valid) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(valid)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-// 8 floats at p, of which `valid` (may be <= 0 or above 8) are real: zeros past them. Masked only when needed: a
-// vector rebuilt from scalar stores stalls its load on store forwarding, and Zen 3's masked stores are slow.
+// 8 floats at p, of which `valid` (may be <= 0 or above 8) are real: zeros past them. One vector move (a vector
+// rebuilt from scalar stores stalls its load on store forwarding), masked only where a tile's last columns need it.
 RADIXLM_AVX2 inline __m256 load_lanes(const float* p, int64_t valid) {
   if (valid >= 8) return _mm256_loadu_ps(p);
   return valid <= 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(p, lane_mask(valid));
