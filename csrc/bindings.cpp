@@ -54,6 +54,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("bf16_packed_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
   m.def("gguf_rows(Tensor tiles, int type, int in_features, int out_features, Tensor ids) -> Tensor");
+  m.def("gguf_pack_tiles(Tensor rows, int type, int in_features, Tensor(a!) out) -> ()");
   // norm/
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool pad_rows=False) -> Tensor");
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
@@ -75,6 +76,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("bf16_packed_linear", &radixlm::bf16_packed_linear);
   m.impl("gguf_linear", &radixlm::gguf_linear);
   m.impl("gguf_rows", &radixlm::gguf_rows);
+  m.impl("gguf_pack_tiles", &radixlm::gguf_pack_tiles);
   m.impl("rms_norm", &radixlm::rms_norm);
   m.impl("rotary", &radixlm::rotary);
   m.impl("silu_and_mul", &radixlm::silu_and_mul);

@@ -26,6 +26,11 @@ at::Tensor gguf_linear(const at::Tensor& input, at::TensorList tiles, at::IntArr
 at::Tensor gguf_rows(const at::Tensor& tiles, int64_t type, int64_t in_features, int64_t out_features,
                      const at::Tensor& ids);
 
+// Writes the tiles of a GGUF weight (ggml type `type`, rows of `in_features` weights) into `out`, contiguous uint8
+// [ceil(N / 16), tile bytes], from its rows of blocks as the file stores them, contiguous uint8 [N, row bytes]: the
+// bytes radixlm.model.gguf_tiles.pack_tiles returns.
+void gguf_pack_tiles(const at::Tensor& rows, int64_t type, int64_t in_features, at::Tensor& out);
+
 // The paths this CPU runs, best last.
 std::vector<int64_t> gguf_linear_paths();
 

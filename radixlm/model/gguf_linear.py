@@ -4,8 +4,8 @@ A GGUF checkpoint stores each weight matrix as rows of fixed-size blocks (Q8_0, 
 modules keep those bits, so a 4-bit model takes its 4-bit size in memory and a decode step reads 4-bit weights:
 
 - with radixlm._C built, a weight is regrouped once into the kernel's tiles (`radixlm.model.gguf_tiles`, the same
-  bits in another order) and `gguf_linear` multiplies int8 activations (quantized per 32 values) by it at every row
-  count, decode and prefill alike (csrc/linear/linear_gguf.cpp);
+  bits in another order; its `gguf_pack_tiles` writes them) and `gguf_linear` multiplies int8 activations
+  (quantized per 32 values) by it at every row count, decode and prefill alike (csrc/linear/linear_gguf.cpp);
 - without it, the weight stays in the file's rows and the same product is computed in PyTorch:
   `F.linear(quantize_activations(x), dequantize(W))`, one slice of the weight at a time (the reference the kernel
   is tested against).
@@ -67,8 +67,7 @@ class WeightPart:
             raise ValueError(f"GGUF blocks must be uint8 [N, {expected}] for {BLOCK_FORMATS[ggml_type].name} "
                              f"with {in_features} input features, got {rows.dtype} {list(rows.shape)}")
         if packed:
-            tiles = pack_tiles(rows, ggml_type, in_features)
-            return cls(ggml_type, rows.shape[0], in_features, tiles=tiles if arena is None else arena.place(tiles))
+            return cls(ggml_type, rows.shape[0], in_features, tiles=_packed_tiles(rows, ggml_type, in_features, arena))
         return cls(ggml_type, rows.shape[0], in_features, rows=rows.contiguous())
 
     @property
@@ -90,6 +89,20 @@ class WeightPart:
             if self.tiles.dtype != torch.uint8 or tuple(self.tiles.shape) != expected:
                 raise ValueError(f"tiles must be uint8 {list(expected)}, got {self.tiles.dtype} "
                                  f"{list(self.tiles.shape)}")
+
+
+def _packed_tiles(rows: torch.Tensor, ggml_type: int, in_features: int,
+                  arena: HugePageArena | None) -> torch.Tensor:
+    """The tiles of a weight's rows (`gguf_tiles.pack_tiles`' bytes), in `arena` when one is given: written there
+    directly by radixlm._C's `gguf_pack_tiles` when it is built (a tenth of the reference's time), else packed in
+    PyTorch and copied."""
+    if extension_error() is not None:
+        tiles = pack_tiles(rows, ggml_type, in_features)
+        return tiles if arena is None else arena.place(tiles)
+    shape = (num_tiles(rows.shape[0]), tile_bytes(ggml_type, in_features))
+    tiles = torch.empty(shape, dtype=torch.uint8) if arena is None else arena.empty(shape, torch.uint8)
+    torch.ops.radixlm.gguf_pack_tiles(rows.contiguous(), ggml_type, in_features, tiles)
+    return tiles
 
 
 class GGUFLinear(nn.Module):

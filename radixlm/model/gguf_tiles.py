@@ -21,6 +21,9 @@ the 16 rows and then the quants of its K-blocks (r: the row in the tile, i < 4):
 |        |                                           | vector h, bits 2c, 2c+1 of byte 4r + i = q[r][4(4h+c)+i]'s  |
 
 Rows past the last whole tile are zero (a zero scale: weights 0); the kernel writes only the real rows.
+
+`pack_tiles` here is the reference; the loader runs radixlm._C's `gguf_pack_tiles` when it is built (the same bytes,
+`tests/unit/test_gguf_kernel.py`; csrc/linear/gguf_pack.cpp), which writes each tile once into its final place.
 """
 
 from __future__ import annotations

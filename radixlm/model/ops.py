@@ -150,6 +150,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("bf16_packed_linear", _fake_packed_linear),
     ("gguf_linear", _fake_gguf_linear),
     ("gguf_rows", _fake_gguf_rows),
+    ("gguf_pack_tiles", _fake_no_result),
     ("rms_norm", _fake_rms_norm),
     ("rotary", _fake_rotary),
     ("silu_and_mul", _fake_silu_and_mul),

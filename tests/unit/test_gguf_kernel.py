@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from gguf_files import HALF_FIELDS, random_blocks
 
-from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize
+from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
 from radixlm.model.gguf_linear import PATH_AVX2, PATH_AVX512, PATH_BEST, PATH_PORTABLE, GGUFLinear, WeightPart
 from radixlm.model.gguf_tiles import pack_tiles, quantize_activations, tile_bytes
 from radixlm.model.ops import extension, extension_error
@@ -178,6 +178,34 @@ def test_kernel_rejects_bad_inputs():
         linear(x, [tiles], ["Q4_0"], [8], None)
     with pytest.raises(TypeError):
         linear(x, tiles, [2], [8], None)
+
+
+@needs_extension
+@pytest.mark.parametrize("ggml_type", TYPES, ids=NAMES)
+def test_the_kernels_packer_writes_the_references_bytes(ggml_type):
+    """radixlm._C's gguf_pack_tiles (what the loader runs) against gguf_tiles.pack_tiles, over every byte: the
+    padded rows' too (the output starts as 0xAB), and blocks of random bytes in every field (Q4_K's packed scales)."""
+    for in_features, out_features in shapes(ggml_type):
+        for blocks in (random_blocks(ggml_type, out_features, in_features, seed=in_features),
+                       torch.randint(0, 256, (out_features, row_bytes(ggml_type, in_features)), dtype=torch.uint8)):
+            out = torch.full((-(-out_features // 16), tile_bytes(ggml_type, in_features)), 0xAB, dtype=torch.uint8)
+            torch.ops.radixlm.gguf_pack_tiles(blocks, ggml_type, in_features, out)
+            assert torch.equal(out, pack_tiles(blocks, ggml_type, in_features))
+
+
+@needs_extension
+def test_the_kernels_packer_rejects_bad_inputs():
+    blocks = random_blocks(12, 20, 256, seed=0)
+    out = torch.empty(2, tile_bytes(12, 256), dtype=torch.uint8)
+    pack = torch.ops.radixlm.gguf_pack_tiles
+    for args, message in [((blocks, 6, 256, out), "not supported"), ((blocks, 12, 100, out), "multiple of 256"),
+                          ((blocks[:, :100], 12, 256, out), r"rows must be contiguous uint8 \[N > 0, 144\]"),
+                          ((blocks[:0], 12, 256, out), "rows must be"),
+                          ((blocks.float(), 12, 256, out), "rows must be"),
+                          ((blocks, 12, 256, out[:1]), r"out must be contiguous uint8 \[2, 2368\]"),
+                          ((blocks, 12, 256, out.t()), "out must be")]:
+        with pytest.raises(RuntimeError, match=message):
+            pack(*args)
 
 
 def test_pack_tiles_rejects_bad_blocks():
