@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
-from radixlm.model.gguf_tiles import num_tiles, pack_tiles, quantize_activations, tile_bytes
+from radixlm.model.gguf_tiles import num_tiles, quantize_activations, tile_bytes
 from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.ops import direct_kernel, extension_error
 
@@ -93,12 +93,12 @@ class WeightPart:
 
 def _packed_tiles(rows: torch.Tensor, ggml_type: int, in_features: int,
                   arena: HugePageArena | None) -> torch.Tensor:
-    """The tiles of a weight's rows (`gguf_tiles.pack_tiles`' bytes), in `arena` when one is given: written there
-    directly by radixlm._C's `gguf_pack_tiles` when it is built (a tenth of the reference's time), else packed in
-    PyTorch and copied."""
-    if extension_error() is not None:
-        tiles = pack_tiles(rows, ggml_type, in_features)
-        return tiles if arena is None else arena.place(tiles)
+    """The tiles of a weight's rows, in `arena` when one is given, written there directly by radixlm._C's
+    `gguf_pack_tiles`: the bytes of `gguf_tiles.pack_tiles` (the PyTorch reference it is tested against) in a tenth of
+    its time. Tiles are the extension's layout: without it a weight stays in rows."""
+    error = extension_error()
+    if error is not None:
+        raise RuntimeError(f"GGUF tiles need radixlm._C: {error}")
     shape = (num_tiles(rows.shape[0]), tile_bytes(ggml_type, in_features))
     tiles = torch.empty(shape, dtype=torch.uint8) if arena is None else arena.empty(shape, torch.uint8)
     torch.ops.radixlm.gguf_pack_tiles(rows.contiguous(), ggml_type, in_features, tiles)

@@ -22,7 +22,7 @@ the 16 rows and then the quants of its K-blocks (r: the row in the tile, i < 4):
 
 Rows past the last whole tile are zero (a zero scale: weights 0); the kernel writes only the real rows.
 
-`pack_tiles` here is the reference; the loader runs radixlm._C's `gguf_pack_tiles` when it is built (the same bytes,
+`pack_tiles` here is the reference; the loader runs radixlm._C's `gguf_pack_tiles` (the same bytes,
 `tests/unit/test_gguf_kernel.py`; csrc/linear/gguf_pack.cpp), which writes each tile once into its final place.
 """
 

@@ -208,6 +208,14 @@ def test_the_kernels_packer_rejects_bad_inputs():
             pack(*args)
 
 
+def test_tiles_without_the_extension_are_an_error_naming_it(monkeypatch):
+    import radixlm.model.gguf_linear as gguf_linear
+
+    monkeypatch.setattr(gguf_linear, "extension_error", lambda: "not built here")
+    with pytest.raises(RuntimeError, match=r"GGUF tiles need radixlm\._C: not built here"):
+        WeightPart.from_rows(12, random_blocks(12, 4, 256, seed=0), 256, packed=True)
+
+
 def test_pack_tiles_rejects_bad_blocks():
     blocks = random_blocks(12, 4, 256, seed=0)
     with pytest.raises(ValueError, match=r"\[N, 144\]"):
