@@ -6,8 +6,12 @@ import argparse
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from radixlm.engine_args import add_engine_args, engine_kwargs
+
+if TYPE_CHECKING:
+    from radixlm.config import EngineConfig
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:
@@ -35,6 +39,10 @@ def _cmd_serve(args: argparse.Namespace) -> None:
     options = engine_kwargs(args)
     config = EngineConfig.from_kwargs(**options)
     responses_store_bytes = parse_bytes(args.responses_store_bytes, "--responses-store-bytes")
+    if _starts_processes(config):
+        from radixlm.worker.launch import start_forkserver
+
+        start_forkserver()  # it imports the worker's modules while this process imports the server's
     from radixlm.server.api_server import ServerOptions, run_server
     from radixlm.server.chat_options import ChatOptions
 
@@ -50,6 +58,13 @@ def _cmd_serve(args: argparse.Namespace) -> None:
                            responses_store_bytes=responses_store_bytes)
     if not run_server(options, server):
         sys.exit(1)
+
+
+def _starts_processes(config: EngineConfig) -> bool:
+    """Whether the engine runs its model in child processes (tensor-parallel ranks, replicas' or mp workers)."""
+    parallel = config.parallel
+    return parallel.tensor_parallel_size > 1 or parallel.data_parallel_size > 1 or \
+        config.model.distributed_executor_backend == "mp"
 
 
 def _cmd_debug(args: argparse.Namespace) -> None:

@@ -13,7 +13,6 @@ hang. `check_health()` lets an idle engine notice it too. Subclasses watch more 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import pickle
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -26,6 +25,7 @@ from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.structured.bitmask import GrammarBitmask
+from radixlm.worker.launch import process_context, start_process
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 POLL_SECONDS = 0.2  # how often a waiting engine checks that its processes are alive
@@ -93,18 +93,15 @@ def _answer_steps(connection: Connection, worker: StepWorker) -> None:
 
 
 class WorkerProcess:
-    """Start a worker process (spawned: no state inherited) and wait until its model is loaded."""
+    """Start a worker process (`radixlm.worker.launch`: no state inherited) and wait until its model is loaded."""
 
     def __init__(self, model_dir: Path, model_config: ModelConfig, cache_config: CacheConfig,
                  enable_lora: bool = False) -> None:
         self._start(ModelWorker, (model_dir, model_config, cache_config, 1, True, enable_lora), name="radixlm-worker")
 
     def _start(self, make_worker: Callable[..., StepWorker], args: tuple[Any, ...], name: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._connection, child = context.Pipe()
-        self._process = context.Process(target=serve_steps, args=(child, make_worker, *args), name=name,
-                                        daemon=True)
-        self._process.start()
+        self._connection, child = process_context().Pipe()
+        self._process = start_process(serve_steps, (child, make_worker, *args), name)
         child.close()
         self._info: WorkerInfo = self._receive()  # type: ignore[assignment]
         self.last_step_bytes = 0  # the pickled size of the last step sent

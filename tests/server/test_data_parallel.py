@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from radixlm.sampling_params import SamplingParams
@@ -167,13 +168,9 @@ def test_a_client_disconnect_aborts_on_the_right_replica(long_model_dir):
 
 
 def _worker_pids(server_pid: int) -> list[int]:
-    """The server's spawned model workers (multiprocessing's resource tracker is not one)."""
-    pids = []
-    for task in Path(f"/proc/{server_pid}/task").iterdir():  # a child is listed under the thread that started it
-        for child in (task / "children").read_text().split():
-            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
-                pids.append(int(child))
-    return pids
+    """The server's model workers: forked from its forkserver (radixlm.worker.launch), so its grandchildren."""
+    return [process.pid for process in psutil.Process(server_pid).children(recursive=True)
+            if process.ppid() != server_pid]
 
 
 def _cpu_ticks(pid: int) -> int:

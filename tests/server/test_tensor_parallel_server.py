@@ -58,8 +58,9 @@ def test_killed_rank_fails_the_running_request_and_ends_the_server(long_model_di
 def test_killed_mp_worker_ends_an_idle_server(tiny_model_dir, tmp_path):
     server = start_server(tiny_model_dir("llama"), tmp_path, "--distributed-executor-backend", "mp")
     try:
-        workers = [child for child in psutil.Process(server.process.pid).children()
-                   if "resource_tracker" not in " ".join(child.cmdline())]
+        # The worker is forked from the server's forkserver (radixlm.worker.launch): the one grandchild.
+        workers = [process for process in psutil.Process(server.process.pid).children(recursive=True)
+                   if process.ppid() != server.process.pid]
         assert len(workers) == 1, workers
         workers[0].send_signal(signal.SIGKILL)
         assert wait_exit(server, 10) < 10

@@ -22,6 +22,7 @@ from transformers import AutoConfig
 from radixlm.cache_config import CacheConfig
 from radixlm.config import ModelConfig, ParallelConfig
 from radixlm.model.sharding import check_tensor_parallel
+from radixlm.worker.launch import start_process
 from radixlm.worker.process import WorkerProcess
 from radixlm.worker.tensor_parallel.group import RankInfo, node_ranks, rendezvous
 from radixlm.worker.tensor_parallel.rank import DriverWorker, run_follower
@@ -31,15 +32,12 @@ logger = logging.getLogger(__name__)
 
 def _spawn_followers(ranks: range, parallel: ParallelConfig, addr: str, port: int, model_dir: Path,
                      model_config: ModelConfig, cache_config: CacheConfig) -> list[tuple[int, BaseProcess]]:
-    context = multiprocessing.get_context("spawn")
     followers = []
     for local_rank, rank in enumerate(ranks):
         if rank == 0:
             continue
         info = RankInfo(rank, parallel.tensor_parallel_size, local_rank, len(ranks), addr, port)
-        process = context.Process(target=run_follower, args=(info, model_dir, model_config, cache_config),
-                                  name=f"radixlm-tp-rank-{rank}", daemon=True)
-        process.start()
+        process = start_process(run_follower, (info, model_dir, model_config, cache_config), f"radixlm-tp-rank-{rank}")
         logger.info("tensor-parallel rank %d started (pid %d)", rank, process.pid)
         followers.append((rank, process))
     return followers
