@@ -28,6 +28,14 @@ constexpr TileFormat kTileFormats[] = {
     {kQ4_K, "Q4_K", 256, 320, 256}, {kQ6_K, "Q6_K", 256, 288, 384},
 };
 
+// The tile layout of ggml type `type`; nullptr for a type without one.
+inline const TileFormat* find_tile_format(int64_t type) {
+  for (const auto& format : kTileFormats) {
+    if (format.type == type) return &format;
+  }
+  return nullptr;
+}
+
 // Rows of activations quantized per K-block: q[m * k + i] int8, step[m * k / 32 + b] (the block's dequantization
 // step: absolute maximum / 127; 0 for a zero block, NaN for one holding NaN or inf), offset32[m * k / 32 + b] = -128
 // x the block's sum of q (what Q8_0's stored q + 128 adds to a dot product, to take back in int32), sum32 = step x

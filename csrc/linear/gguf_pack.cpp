@@ -112,7 +112,11 @@ void pack_q6_k(const uint8_t* const* b, uint8_t* out) {
     for (int64_t r = 0; r < kTileRows; ++r) *out++ = b[r][192 + k];  // scale k of each row
   }
   for (int j = 0; j < 8; ++j) {
-    const auto quant = [&](int64_t r, int e) { return q6_k_quant(b[r], j, e); };
+    uint8_t quants[kTileRows][32];  // each unpacked once: its low bits and its high bits go to different vectors
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      for (int e = 0; e < 32; ++e) quants[r][e] = q6_k_quant(b[r], j, e);
+    }
+    const auto quant = [&](int64_t r, int e) { return quants[r][e]; };
     out = nibble_pairs(quant, out);
     // The high 2 bits: vector h, row r, byte i holds those of quants 4(4h + c) + i in bits 2c, 2c + 1.
     for (int h = 0; h < 2; ++h) {
@@ -142,9 +146,8 @@ void pack_super_block(int64_t type, const uint8_t* const* b, uint8_t* out) {
 
 void radixlm::gguf_pack_tiles(const at::Tensor& rows, int64_t type, int64_t in_features, at::Tensor& out) {
   using namespace radixlm_gguf;
-  const int64_t block_bytes = file_block_bytes(type);
-  const TileFormat* format = nullptr;
-  for (const auto& f : kTileFormats) format = f.type == type ? &f : format;
+  const int64_t block_bytes = file_block_bytes(type);  // checks `type`: every type with file blocks has tiles
+  const TileFormat* format = find_tile_format(type);
   TORCH_CHECK(in_features > 0 && in_features % format->super_weights == 0, "gguf_pack_tiles: ", format->name,
               " rows hold a positive multiple of ", format->super_weights, " weights, got ", in_features);
   const int64_t supers = in_features / format->super_weights, row_bytes = supers * block_bytes;

@@ -41,11 +41,10 @@ constexpr int64_t kSliceK = 1024;
 constexpr int64_t kMaxParts = 8;  // a fused projection's parts of different formats (q/k/v: 3)
 
 const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
-  for (const auto& format : radixlm_gguf::kTileFormats) {
-    if (format.type == ggml_type) return format;
-  }
-  TORCH_CHECK(false, "gguf_linear: ggml type ", ggml_type,
+  const radixlm_gguf::TileFormat* format = radixlm_gguf::find_tile_format(ggml_type);
+  TORCH_CHECK(format != nullptr, "gguf_linear: ggml type ", ggml_type,
               " is not supported (Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14)");
+  return *format;
 }
 
 // `path` checked against the CPU, and 0 (best) resolved to the best path it runs.
