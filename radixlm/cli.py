@@ -43,14 +43,14 @@ def _cmd_serve(args: argparse.Namespace) -> None:
         from radixlm.worker.launch import start_forkserver
 
         start_forkserver()  # it imports the worker's modules while this process imports the server's
-    from radixlm.server.api_server import ServerOptions, run_server
-    from radixlm.server.chat_options import ChatOptions
-
     if config.parallel.node_rank > 0:  # another node of a tensor-parallel group: its ranks only, no server
         from radixlm.model.loader import resolve_model_dir
         from radixlm.worker.tensor_parallel.executor import run_node
 
         sys.exit(run_node(resolve_model_dir(config.model.model), config.model, config.cache, config.parallel))
+    from radixlm.server.api_server import ServerOptions, run_server
+    from radixlm.server.chat_options import ChatOptions
+
     chat = ChatOptions(chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
                        enable_auto_tool_choice=args.enable_auto_tool_choice, reasoning_parser=args.reasoning_parser)
     server = ServerOptions(host=args.host, port=args.port, api_key=api_key,
