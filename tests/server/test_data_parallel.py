@@ -181,28 +181,31 @@ def _cpu_ticks(pid: int) -> int:
 def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir, tmp_path):
     server = start_server(long_model_dir, tmp_path, "--data-parallel-size", "2", "--num-kv-blocks", "512")
     with ThreadPoolExecutor(1) as pool:
-        long_request = pool.submit(server.http.post, "/v1/completions", json={
-            "prompt": "the quick brown fox", "max_tokens": 4000, "ignore_eos": True}, timeout=120)
-        server.wait_for(lambda m: sum(_per_replica(m, "radixlm:num_requests_running").values()) == 1,
-                        what="the long request running")
-        workers = _worker_pids(server.process.pid)
-        assert len(workers) == 2, workers
-        before = [_cpu_ticks(pid) for pid in workers]
-        time.sleep(1.0)
-        busy = [_cpu_ticks(pid) - was for pid, was in zip(workers, before, strict=True)]
-        idle_worker = workers[busy.index(min(busy))]
-        os.kill(idle_worker, signal.SIGKILL)  # the replica without the long request loses its model worker
-        started = time.monotonic()
-        statuses = []
-        while server.process.poll() is None and time.monotonic() - started < 30:
-            with contextlib.suppress(httpx.TransportError):  # short requests go to the less loaded: the broken one
-                statuses.append(server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                                                 timeout=10).status_code)
-        assert server.process.wait(10) == 1, server.log()
-        # the less loaded replica is the broken one: a dead worker stops its engine at once (WorkerDiedError), so a
-        # request that reached it fails (500) and the rest find the server stopping (503), then it exits
-        assert statuses and statuses[0] in (500, 503) and set(statuses[1:]) <= {503}, statuses
-        assert long_request.result().status_code == 503  # the healthy replica's request failed too, not hung
+        try:
+            long_request = pool.submit(server.http.post, "/v1/completions", json={
+                "prompt": "the quick brown fox", "max_tokens": 4000, "ignore_eos": True}, timeout=120)
+            server.wait_for(lambda m: sum(_per_replica(m, "radixlm:num_requests_running").values()) == 1,
+                            what="the long request running")
+            workers = _worker_pids(server.process.pid)
+            assert len(workers) == 2, workers
+            before = [_cpu_ticks(pid) for pid in workers]
+            time.sleep(1.0)
+            busy = [_cpu_ticks(pid) - was for pid, was in zip(workers, before, strict=True)]
+            idle_worker = workers[busy.index(min(busy))]
+            os.kill(idle_worker, signal.SIGKILL)  # the replica without the long request loses its model worker
+            started = time.monotonic()
+            statuses = []
+            while server.process.poll() is None and time.monotonic() - started < 30:
+                with contextlib.suppress(httpx.TransportError):  # short requests go to the less loaded: the broken one
+                    statuses.append(server.http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                                                     timeout=10).status_code)
+            assert server.process.wait(10) == 1, server.log()
+            # the less loaded replica is the broken one: a dead worker stops its engine at once (WorkerDiedError), so a
+            # request that reached it fails (500) and the rest find the server stopping (503), then it exits
+            assert statuses and statuses[0] in (500, 503) and set(statuses[1:]) <= {503}, statuses
+            assert long_request.result().status_code == 503  # the healthy replica's request failed too, not hung
+        finally:  # a failed check must not leave the server and its workers running
+            server.stop(signal.SIGKILL)
     assert "replica 1 failed" in server.log() or "replica 0 failed" in server.log(), server.log()
 
 

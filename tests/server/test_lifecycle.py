@@ -48,28 +48,31 @@ def test_health_and_requests_answer_503_while_loading(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_ends_running_requests_with_an_error(sig, long_model_dir, tmp_path):
     server = start_server(long_model_dir, tmp_path, "--num-kv-blocks", "2100", "--block-size", "4")
-    model = str(long_model_dir)
-    long_request = {"model": model, "prompt": "the quick", "max_tokens": 4000, "ignore_eos": True,
-                    "temperature": 0}
-    non_streaming: dict[str, httpx.Response] = {}
-    thread = threading.Thread(target=lambda: non_streaming.update(
-        response=httpx.post(f"{server.base_url}/v1/completions", json=long_request, timeout=60)))
-    thread.start()
-    with server.http.stream("POST", "/v1/completions", json={**long_request, "stream": True}) as response:
-        lines = response.iter_lines()
-        assert next(lines).startswith("data: {")
-        server.wait_for(lambda m: m["radixlm:num_requests_running{}"] == 2, what="both requests running")
-        started = time.monotonic()
-        server.process.send_signal(sig)
-        events = [line for line in lines if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    assert '"error"' in events[-2] and "shutting down" in events[-2]
-    thread.join(30)
-    assert non_streaming["response"].status_code == 503
-    assert "shutting down" in non_streaming["response"].json()["error"]["message"]
-    assert server.process.wait(30) in (0, -sig)  # uvicorn re-raises the signal once it has shut down
-    assert time.monotonic() - started < 15
-    assert "Traceback" not in server.log(), server.log()
+    try:
+        model = str(long_model_dir)
+        long_request = {"model": model, "prompt": "the quick", "max_tokens": 4000, "ignore_eos": True,
+                        "temperature": 0}
+        non_streaming: dict[str, httpx.Response] = {}
+        thread = threading.Thread(target=lambda: non_streaming.update(
+            response=httpx.post(f"{server.base_url}/v1/completions", json=long_request, timeout=60)))
+        thread.start()
+        with server.http.stream("POST", "/v1/completions", json={**long_request, "stream": True}) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: {")
+            server.wait_for(lambda m: m["radixlm:num_requests_running{}"] == 2, what="both requests running")
+            started = time.monotonic()
+            server.process.send_signal(sig)
+            events = [line for line in lines if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert '"error"' in events[-2] and "shutting down" in events[-2]
+        thread.join(30)
+        assert non_streaming["response"].status_code == 503
+        assert "shutting down" in non_streaming["response"].json()["error"]["message"]
+        assert server.process.wait(30) in (0, -sig)  # uvicorn re-raises the signal once it has shut down
+        assert time.monotonic() - started < 15
+        assert "Traceback" not in server.log(), server.log()
+    finally:  # a failed check must not leave the server running
+        server.stop(signal.SIGKILL)
 
 
 def test_a_model_that_does_not_load_stops_the_server(tmp_path):
