@@ -209,7 +209,7 @@ def test_a_failed_replica_fails_the_requests_and_ends_the_server(long_model_dir,
     assert "replica 1 failed" in server.log() or "replica 0 failed" in server.log(), server.log()
 
 
-def test_replica_options_run_workers_in_processes_and_trace_to_their_own_files():
+def test_replica_options_run_workers_in_processes_trace_to_their_own_files_and_share_the_cores():
     from radixlm.data_parallel.engine import replica_engine_options
 
     options = {"data_parallel_size": 2, "trace": "/tmp/run.jsonl", "num_threads": 1}
@@ -217,6 +217,12 @@ def test_replica_options_run_workers_in_processes_and_trace_to_their_own_files()
                                                   "num_threads": 1, "distributed_executor_backend": "mp"}
     assert replica_engine_options({"distributed_executor_backend": "uni"}, 0) == {
         "distributed_executor_backend": "uni"}  # the user's choice stands
+    # Without --num-threads the replicas share the cores, as tensor-parallel ranks do.
+    import torch
+
+    for num_replicas in (2, 3, 64):
+        shared = replica_engine_options({"data_parallel_size": num_replicas}, 1)
+        assert shared["num_threads"] == max(1, torch.get_num_threads() // num_replicas)
 
 
 def test_lora_adapters_load_on_every_replica_and_answer_as_one_engine_does(long_model_dir, tmp_path):
