@@ -28,8 +28,8 @@ from typing import Any
 WORKER_MODULES = ("radixlm.worker.process", "radixlm.worker.worker", "radixlm.worker.tensor_parallel.rank")
 
 
-def process_context() -> multiprocessing.context.BaseContext:
-    """The multiprocessing context the engine's children start in (its `Pipe()` gives their connections)."""
+def _context() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context the engine's children start in."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(WORKER_MODULES))  # takes effect when the forkserver starts
     return context
@@ -38,13 +38,13 @@ def process_context() -> multiprocessing.context.BaseContext:
 def start_forkserver() -> None:
     """Start the forkserver now, if it is not running, without waiting for it: it imports the worker's modules while
     this process goes on (a server imports its own meanwhile)."""
-    process_context()
+    _context()
     multiprocessing.forkserver.ensure_running()
 
 
 def start_process(target: Callable[..., None], args: tuple[Any, ...], name: str) -> BaseProcess:
     """Start `target(*args)` in a daemonic child of this process's forkserver, in this process's environment."""
-    process = process_context().Process(target=_in_environment, args=(dict(os.environ), target, *args), name=name,
+    process = _context().Process(target=_in_environment, args=(dict(os.environ), target, *args), name=name,
                                         daemon=True)
     process.start()
     return process

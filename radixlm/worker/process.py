@@ -13,6 +13,7 @@ hang. `check_health()` lets an idle engine notice it too. Subclasses watch more 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import pickle
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -25,7 +26,7 @@ from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, SchedulerOutput
 from radixlm.model.lora.adapter_file import AdapterFile
 from radixlm.structured.bitmask import GrammarBitmask
-from radixlm.worker.launch import process_context, start_process
+from radixlm.worker.launch import start_process
 from radixlm.worker.worker import ModelWorker, WorkerInfo
 
 POLL_SECONDS = 0.2  # how often a waiting engine checks that its processes are alive
@@ -100,7 +101,7 @@ class WorkerProcess:
         self._start(ModelWorker, (model_dir, model_config, cache_config, 1, True, enable_lora), name="radixlm-worker")
 
     def _start(self, make_worker: Callable[..., StepWorker], args: tuple[Any, ...], name: str) -> None:
-        self._connection, child = process_context().Pipe()
+        self._connection, child = multiprocessing.Pipe()
         self._process = start_process(serve_steps, (child, make_worker, *args), name)
         child.close()
         self._info: WorkerInfo = self._receive()  # type: ignore[assignment]

@@ -1,10 +1,10 @@
 """TensorParallelExecutor: the engine's worker when `--tensor-parallel-size` > 1 (the `WorkerProcess` interface).
 
-It spawns this node's ranks: rank 0 is a `WorkerProcess` whose worker is the driver (`rank.DriverWorker`), the
-other local ranks are plain processes (`rank.run_follower`). Ranks on other nodes are started there by
-`radixlm serve --node-rank K` (`run_node`). While the engine waits for rank 0, every local rank's liveness is
-polled: a rank that dies raises `WorkerDiedError` naming it within a fraction of a second, and the others are
-stopped, because a gloo collective with a dead peer may wait for minutes.
+It starts this node's ranks (`worker/launch.py`): rank 0 is a `WorkerProcess` whose worker is the driver
+(`rank.DriverWorker`), the other local ranks are plain processes (`rank.run_follower`). Ranks on other nodes are
+started there by `radixlm serve --node-rank K` (`run_node`). While the engine waits for rank 0, every local rank's
+liveness is polled: a rank that dies raises `WorkerDiedError` naming it within a fraction of a second, and the others
+are stopped, because a gloo collective with a dead peer may wait for minutes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from radixlm.worker.tensor_parallel.rank import DriverWorker, run_follower
 logger = logging.getLogger(__name__)
 
 
-def _spawn_followers(ranks: range, parallel: ParallelConfig, addr: str, port: int, model_dir: Path,
+def _start_followers(ranks: range, parallel: ParallelConfig, addr: str, port: int, model_dir: Path,
                      model_config: ModelConfig, cache_config: CacheConfig) -> list[tuple[int, BaseProcess]]:
     followers = []
     for local_rank, rank in enumerate(ranks):
@@ -53,7 +53,7 @@ class TensorParallelExecutor(WorkerProcess):
                               model_config.quantization)
         addr, port = rendezvous(parallel.dist_init_addr)
         ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, 0)
-        self._followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
+        self._followers = _start_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
         driver = RankInfo(0, parallel.tensor_parallel_size, 0, len(ranks), addr, port)
         try:
             self._start(DriverWorker, (driver, model_dir, model_config, cache_config), name="radixlm-tp-rank-0")
@@ -103,7 +103,7 @@ def run_node(model_dir: Path, model_config: ModelConfig, cache_config: CacheConf
     every rank ended cleanly)."""
     addr, port = rendezvous(parallel.dist_init_addr)
     ranks = node_ranks(parallel.tensor_parallel_size, parallel.nnodes, parallel.node_rank)
-    followers = _spawn_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
+    followers = _start_followers(ranks, parallel, addr, port, model_dir, model_config, cache_config)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds to the kill below
     status = 0
     try:
