@@ -29,8 +29,9 @@ from radixlm.model.bf16_linear import Bf16Linear, DotPackedLinear
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.prepacked_linear import PrepackedLinear
 from radixlm.model.quantize import Int8Linear
+from radixlm.model.widened_linear import WidenedLinear
 
-LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, Bf16Linear, DotPackedLinear)
+LINEAR_TYPES = (nn.Linear, Int8Linear, GGUFLinear, PrepackedLinear, Bf16Linear, DotPackedLinear, WidenedLinear)
 PARTS = ("step", "execute", "forward", "attention", "linears", "sampler", "scheduler")
 
 

@@ -31,6 +31,7 @@ from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.prepacked_linear import prepacking_available, use_prepacked_linears
 from radixlm.model.quantize import quantize_model
 from radixlm.model.small_batch import int8_kernel_is_vectorized, use_small_batch_linears
+from radixlm.model.widened_linear import use_widened_linears
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class ServingFormat:
 
     def finish_model(self, model: nn.Module) -> None:
         """Everything outside the decoder layers (the final norm, the embedding, the LM head), the float32 linears'
-        small-batch kernels and the bfloat16 linears' prepacked weights (`radixlm.model.prepacked_linear`)."""
+        small-batch kernels and the bfloat16 linears' prepacked weights (`radixlm.model.prepacked_linear`), or on a
+        CPU where oneDNN takes no bfloat16, their widening by blocks (`radixlm.model.widened_linear`)."""
         if self.block_type is not None:
             self._embedding_to_blocks(model)
         self.finish_layer(model)  # what is left; finished layers hold nothing more to fuse or quantize
@@ -79,6 +81,8 @@ class ServingFormat:
             if prepacking_available():
                 logger.debug("%d bfloat16 linears prepacked for oneDNN", use_prepacked_linears(model))
                 logger.debug("%d norms and activations write padded rows", pad_rows_for_readers(model))
+            else:
+                logger.debug("%d bfloat16 linears widened by blocks", use_widened_linears(model))
 
     def _to_blocks(self, root: nn.Module) -> None:
         for name, module in [(n, m) for n, m in root.named_modules() if type(m) is nn.Linear]:

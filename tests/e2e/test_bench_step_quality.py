@@ -21,7 +21,7 @@ def test_bench_step_reports_every_part(tiny_model_dir, capsys):
     assert "| 3 | 48 | shared |" in capsys.readouterr().out
 
 
-def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linears(tiny_model_dir, capsys):
+def test_bench_prefill_breaks_one_chunk_down_and_counts_bfloat16_serving_linears(tiny_model_dir, capsys):
     options = {"model": str(tiny_model_dir("llama")), "dtype": "bfloat16", "max_num_batched_tokens": 16,
                "num_kv_blocks": 64}
     [(length, ms)] = bench_prefill(options, (40,), num_steps=2)  # the budget rises to the prompt
@@ -31,10 +31,10 @@ def test_bench_prefill_breaks_one_chunk_down_and_counts_prepacked_bfloat16_linea
     engine = build_engine(**options)
     linears = linear_modules(engine.runner.model)
     packed = [m for m in linears if type(m).__name__ in ("PrepackedLinear", "Bf16Linear", "DotPackedLinear")]
-    # On an AVX2-only CPU oneDNN takes no bfloat16, and the linears stay plain (their bytes counted instead).
-    counted = packed if prepacking_available() else linears
-    assert bool(packed) == prepacking_available()
-    assert weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in counted)
+    widened = [m for m in linears if type(m).__name__ == "WidenedLinear"]
+    # On an AVX2-only CPU oneDNN takes no bfloat16, and the linears are widened by blocks instead.
+    assert bool(packed) == prepacking_available() != bool(widened)
+    assert weight_bytes(engine.runner.model) >= sum(2 * m.in_features * m.out_features for m in packed + widened)
 
 
 def test_step_probe_times_each_linear_forward_and_leaves_the_model_as_it_found_it(tiny_model_dir):

@@ -125,18 +125,46 @@ def test_bf16_weights_prepacked_give_the_tokens_plain_bf16_gives(tiny_model_dir,
     prepacked = build_engine(**options)
     assert any(isinstance(m, packed_type) for m in prepacked.runner.model.modules())
     monkeypatch.setattr(serving_format, "prepacking_available", lambda: False)
+    monkeypatch.setattr(serving_format, "use_widened_linears", lambda model: 0)  # plain nn.Linear: F.linear's bits
     plain = build_engine(**options)
     assert not any(isinstance(m, packed_type) for m in plain.runner.model.modules())
     ours, theirs = (output_token_ids(engine, random_prompts(), params) for engine in (prepacked, plain))
     if kernel == "onednn":
         assert ours == theirs
         return
-    # A row kernel sums in another order than oneDNN, so an output may round to the neighbouring bfloat16 value:
-    # where the tokens part, the logits must have been a near tie (HF's bfloat16 model, teacher-forced).
+    assert_parted_only_at_bf16_near_ties(tiny_model_dir("llama"), ours, theirs)
+
+
+def test_bf16_weights_widened_give_the_tokens_plain_bf16_gives(tiny_model_dir, monkeypatch):
+    """bfloat16 linears widened to float32 by blocks (`radixlm.model.widened_linear`, what a CPU without oneDNN's
+    bfloat16 runs; forced here on any CPU) change no token beyond bfloat16's near ties: the same engine with plain
+    `nn.Linear`s gives the same greedy output."""
+    from radixlm.model import serving_format
+    from radixlm.model.widened_linear import WidenedLinear
+
+    if extension_error() is not None:
+        pytest.skip("no radixlm._C: the serving formats' kernels are off")
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    options = dict(model=str(tiny_model_dir("llama")), dtype="bfloat16", num_kv_blocks=256, block_size=4,
+                   max_num_batched_tokens=64)  # prefill chunks of many rows: the widened path, not F.linear's
+    monkeypatch.setattr(serving_format, "prepacking_available", lambda: False)
+    widened = build_engine(**options)
+    assert any(isinstance(m, WidenedLinear) for m in widened.runner.model.modules())
+    monkeypatch.setattr(serving_format, "use_widened_linears", lambda model: 0)
+    plain = build_engine(**options)
+    assert not any(isinstance(m, WidenedLinear) for m in plain.runner.model.modules())
+    ours, theirs = (output_token_ids(engine, random_prompts(), params) for engine in (widened, plain))
+    assert_parted_only_at_bf16_near_ties(tiny_model_dir("llama"), ours, theirs)
+
+
+def assert_parted_only_at_bf16_near_ties(model_dir, ours: list[list[int]], theirs: list[list[int]]) -> None:
+    """Linears summing in another order than `F.linear` may round an output to the neighbouring bfloat16 value:
+    where the tokens part (at most one prompt of `random_prompts()`), the logits must have been a near tie (HF's
+    bfloat16 model, teacher-forced)."""
     diverged = [(p, o, t) for p, o, t in zip(random_prompts(), ours, theirs, strict=True) if o != t]
     assert len(diverged) <= 1
     for prompt, mine, plain_tokens in diverged:
         first = next(i for i, (a, b) in enumerate(zip(mine, plain_tokens, strict=True)) if a != b)
-        gap = hf_logit_gap(tiny_model_dir("llama"), prompt + plain_tokens[:first], plain_tokens[first], mine[first],
+        gap = hf_logit_gap(model_dir, prompt + plain_tokens[:first], plain_tokens[first], mine[first],
                            prepare=lambda model: model.to(torch.bfloat16))
         assert gap < BF16_NEAR_TIE, f"parted at token {first} where the logits were {gap:.4f} apart"
