@@ -77,12 +77,14 @@ class WidenedLinear(nn.Module):
 
 
 def use_widened_linears(model: nn.Module) -> int:
-    """Replace every bfloat16 CPU `nn.Linear` of `model` (a tied LM head included; tensor-parallel shards excepted)
-    by a `WidenedLinear` on the same weight, the weights moved onto huge pages for decode's streaming reads as
-    `radixlm.model.prepacked_linear` does. Returns how many were replaced."""
+    """Replace every bfloat16 CPU `nn.Linear` of `model` (a tied LM head included) by a `WidenedLinear` on the same
+    weight, the weights moved onto huge pages for decode's streaming reads as `radixlm.model.prepacked_linear` does.
+    Tensor-parallel shards (DTensor weights) and linears carrying hooks (transformers' tensor-parallel plan sums row
+    shards in them) keep `nn.Linear`. Returns how many were replaced."""
     targets = [(name, module) for name, module in model.named_modules()
                if type(module) is nn.Linear and module.weight.dtype == torch.bfloat16
-               and module.weight.device.type == "cpu" and not isinstance(module.weight, DTensor)]
+               and module.weight.device.type == "cpu" and not isinstance(module.weight, DTensor)
+               and not (module._forward_hooks or module._forward_pre_hooks)]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

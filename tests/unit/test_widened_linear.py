@@ -61,7 +61,11 @@ def test_every_bfloat16_linear_is_replaced_and_a_tied_head_stays_tied():
     head.weight = embedding.weight
     model = nn.ModuleDict({"embed": embedding, "up": nn.Linear(32, 64, dtype=torch.bfloat16),
                            "down": nn.Linear(64, 32), "head": head})
+    hooked = nn.Linear(32, 32, dtype=torch.bfloat16)
+    hooked.register_forward_hook(lambda module, args, output: output)
+    model["hooked"] = hooked
     assert use_widened_linears(model) == 2
+    assert model["hooked"] is hooked  # its hook (a tensor-parallel sum, say) stays where it runs
     assert isinstance(model["up"], WidenedLinear) and isinstance(model["head"], WidenedLinear)
     assert type(model["down"]) is nn.Linear  # float32: left alone
     assert model["head"].weight is model["embed"].weight
