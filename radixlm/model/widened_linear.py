@@ -60,11 +60,6 @@ class WidenedLinear(nn.Module):
         self.weight = linear.weight
         self.bias = linear.bias
 
-    @property
-    def weight_bytes(self) -> int:
-        """The bytes of the weight one forward reads."""
-        return self.weight.numel() * 2
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16:
             x = x.to(torch.bfloat16)
