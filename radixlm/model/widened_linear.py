@@ -81,10 +81,10 @@ def use_widened_linears(model: nn.Module) -> int:
                and module.weight.device.type == "cpu" and not isinstance(module.weight, DTensor)
                and not (module._forward_hooks or module._forward_pre_hooks)]
     for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, WidenedLinear(linear))
+        model.set_submodule(name, WidenedLinear(linear))
+    replaced = len(targets)
+    # Through the new modules, not `targets`: each plain weight is then released as soon as its copy is placed.
     del targets
-    weights = (module.weight for module in model.modules() if isinstance(module, WidenedLinear))
-    move_parameters(model, weights, HugePageArena())
-    return sum(isinstance(module, WidenedLinear) for module in model.modules())
+    move_parameters(model, (module.weight for module in model.modules() if isinstance(module, WidenedLinear)),
+                    HugePageArena())
+    return replaced
