@@ -1,5 +1,6 @@
-"""One layer's causal attention over a prefill chunk: our AVX-512 BF16 kernel (`torch.ops.radixlm.prefill_attention`)
-against PyTorch's SDPA on the same bfloat16 tensors, with each one's TFLOP/s (the causal half of the products).
+"""One layer's causal attention over a prefill chunk: our AVX-512 BF16 kernel (`torch.ops.radixlm.prefill_attention`,
+on the dot product and, where the CPU has AMX-BF16, on tiles) against PyTorch's SDPA on the same bfloat16 tensors,
+with each one's TFLOP/s (the causal half of the products).
 
     .venv/bin/python benchmarks/prefill_attention.py [--lens 256,1000,2000] [--heads 9/3] [--head-dim 64]
 """
@@ -25,7 +26,7 @@ def mean_ms(run: Callable[[], object], repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def time_length(length: int, num_heads: int, num_kv_heads: int, dim: int) -> tuple[float, float]:
+def time_length(length: int, num_heads: int, num_kv_heads: int, dim: int, tiles: bool) -> tuple[float, float]:
     """(SDPA ms, kernel ms) for one layer of `length` tokens."""
     q = torch.randn(num_heads, length, dim).to(torch.bfloat16)
     k, v = (torch.randn(num_kv_heads, length, dim).to(torch.bfloat16) for _ in "kv")
@@ -34,7 +35,8 @@ def time_length(length: int, num_heads: int, num_kv_heads: int, dim: int) -> tup
     sdpa = mean_ms(lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=True),
                    repeats)
     kernel = mean_ms(lambda: torch.ops.radixlm.prefill_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                                                 v.transpose(0, 1), out, dim ** -0.5, 0, 0.0), repeats)
+                                                                 v.transpose(0, 1), out, dim ** -0.5, 0, 0.0,
+                                                                 tiles), repeats)
     return sdpa, kernel
 
 
@@ -50,11 +52,14 @@ def main() -> None:
     torch.set_num_threads(args.num_threads)
     num_heads, num_kv_heads = (int(h) for h in args.heads.split("/"))
     dim = args.head_dim
+    paths = [False, True] if direct_kernel("amx_bf16_available")() and dim % 32 == 0 else [False]
     for length in (int(n) for n in args.lens.split(",")):
-        sdpa, kernel = time_length(length, num_heads, num_kv_heads, dim)
         gflop = num_heads * length * length / 2 * dim * 4 / 1e9
-        print(f"{length} tokens, {num_heads}/{num_kv_heads} heads of {dim}: SDPA {sdpa:.2f} ms ({gflop / sdpa:.3f} "
-              f"TFLOP/s), kernel {kernel:.2f} ms ({gflop / kernel:.3f}); {sdpa / kernel:.2f}x")
+        for tiles in paths:
+            sdpa, kernel = time_length(length, num_heads, num_kv_heads, dim, tiles)
+            print(f"{length} tokens, {num_heads}/{num_kv_heads} heads of {dim}: SDPA {sdpa:.2f} ms "
+                  f"({gflop / sdpa:.3f} TFLOP/s), kernel on {'tiles' if tiles else 'the dot product'} {kernel:.2f} ms "
+                  f"({gflop / kernel:.3f}); {sdpa / kernel:.2f}x")
 
 if __name__ == "__main__":
     main()

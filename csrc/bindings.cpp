@@ -38,9 +38,10 @@ TORCH_LIBRARY(radixlm, m) {
         "float softcap, Tensor? slot_mapping=None, Tensor? new_keys=None, Tensor? new_values=None, "
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> Tensor");
   m.def("prefill_attention(Tensor query, Tensor key, Tensor value, Tensor(a!) out, float scale, int sliding_window, "
-        "float softcap) -> ()");
+        "float softcap, bool tiles=False) -> ()");
   m.def("prefill_attention_paged(Tensor query, Tensor key_cache, Tensor value_cache, Tensor(a!) out, "
-        "Tensor block_table, Tensor segments, int block_size, float scale, int sliding_window, float softcap) -> ()");
+        "Tensor block_table, Tensor segments, int block_size, float scale, int sliding_window, float softcap, "
+        "bool tiles=False) -> ()");
   m.def("write_kv(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, Tensor keys, Tensor values, "
         "Tensor(c!)? key_scales=None, Tensor(d!)? value_scales=None) -> ()");
   // linear/

@@ -39,6 +39,9 @@
 // RADIXLM_AVX512 and the bfloat16 dot product and conversions (Zen 4 and later, Xeons from Cooper Lake).
 #define RADIXLM_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma")))
+// RADIXLM_AVX512_BF16 and AMX's tiles with their bfloat16 product (Xeons from Sapphire Rapids; amx_tiles.h).
+#define RADIXLM_AMX \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,f16c,fma")))
 
 namespace radixlm::isa {
 

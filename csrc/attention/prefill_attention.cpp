@@ -1,16 +1,18 @@
-// Causal attention over prefill chunks with AVX-512's bfloat16 dot product (vdpbf16ps), flash-attention style.
+// Causal attention over prefill chunks in bfloat16, flash-attention style, its two products on AMX-BF16 tiles where
+// the CPU has them, else with AVX-512's bfloat16 dot product (vdpbf16ps).
 //
 // Why our own: PyTorch's CPU flash SDPA ran a 2,000-token prefill of the default model at 0.11 TFLOP/s on a Zen 4
 // (2 threads, bfloat16 or float32 alike; 41.6 ms a layer, half of the prefill), where its bfloat16 matmul reaches
-// 0.41. On a CPU with AMX-BF16 SDPA's tiles are faster than this loop, and radixlm/model/attention/prefill_kernel.py
-// keeps SDPA there.
+// 0.41; on a Xeon with AMX, whose tiles SDPA uses too, at 0.45 TFLOP/s (10.3 ms a layer) against 0.6 for the tiles
+// here (7.5 ms), and the paged entry below has no counterpart in SDPA.
 //
 // K and V are first repacked per KV head into the dot product's pair layout (one pass, O(L)): a block of 64 keys
 // holds, for each pair of dimensions, the 64 keys' pairs as 32-bit words (`kp`, so 16 keys' scores are one vector
 // of dot products), and, for each pair of consecutive keys, their D values interleaved (`vp`, so the probabilities of
-// two keys multiply 16 dimensions at once). A work item is a run of query positions of one chunk and one KV head,
-// with every query head that shares it (up to 64 rows); it walks the key blocks its rows may see with an online
-// softmax (prefill_blocks.h), its scores, probabilities and output in float32 scratch, and writes each row once.
+// two keys multiply 16 dimensions at once), which are also the tiles' B operands as they are. A work item is a run
+// of query positions of one chunk and one KV head, with every query head that shares it (up to 64 rows); it walks
+// the key blocks its rows may see with an online softmax (prefill_blocks.h), its scores, probabilities and output in
+// float32 scratch, and writes each row once.
 //
 // The paged entry takes every chunk of a step in one call, reading K/V from the cache through block tables. Chunks
 // that share a cached prefix (the same cache blocks) share its packed key blocks: a shared prefix is packed once
@@ -26,6 +28,8 @@
 #include <map>
 #include <vector>
 
+#include "../amx_tiles.h"
+#include "../linear/amx_bf16.h"
 #include "prefill_blocks.h"
 
 namespace {
@@ -85,22 +89,33 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(w.q.data() + r * half, p.q.at(s.first_row + t0 + r / p.rep, h * p.rep + r % p.rep), p.head_dim * 2);
   }
+  const int64_t tile_rows = (rows + 15) / 16 * 16;  // the tiles' row groups: the rows past `rows` score zeros
+  if (p.tiles) std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
   std::fill_n(w.out.begin(), rows * p.head_dim, 0.f);
   std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.sum.begin(), rows, 0.f);
+  std::fill_n(w.sum.begin(), rows * 16, 0.f);
   const int64_t first = p.first_key(offset + t0) / kKeys, last = (offset + t1 - 1) / kKeys;
   for (int64_t b = first; b <= last; ++b) {
     const uint32_t* kblock = p.key_block(s.groups[b], h);
     const uint32_t* vblock = p.value_block(s.groups[b], h);
-    int64_t r0 = 0;
-    for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
-    for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
+    if (p.tiles) {
+      amx_block_scores(p, w, tile_rows, kblock);
+    } else {
+      int64_t r0 = 0;
+      for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
+      for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
+    }
     for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, offset + t0 + r / p.rep, b);
-    for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
-    for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
+    if (p.tiles) {
+      amx_block_values(p, w, rows, vblock);
+    } else {
+      int64_t r0 = 0;
+      for (; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
+      for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
+    }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const float inverse = 1.f / w.sum[r];
+    const float inverse = 1.f / row_sum(w, r);
     uint16_t* dst = p.out.at(s.first_row + t0 + r / p.rep, h * p.rep + r % p.rep);
     for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
       const __m512 o = _mm512_mul_ps(_mm512_loadu_ps(w.out.data() + r * p.head_dim + d0), _mm512_set1_ps(inverse));
@@ -152,12 +167,15 @@ void run(Problem p, const Packing& src, const std::vector<Segment>& segments) {
     for (int64_t k = 0; k < num_groups * p.num_kv_heads; ++k) {
       pack_block(p, src, k % num_groups, k / num_groups);
     }
-    Scratch scratch(std::max(kMaxRows, p.rep) + 1, p.head_dim);  // + 1: its arrays off 4 KiB multiples
+    // + 1: its arrays off 4 KiB multiples.
+    Scratch scratch((std::max(kMaxRows, p.rep) + 15) / 16 * 16 + 1, p.head_dim);
+    if (p.tiles) radixlm::amx::configure_tiles();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < num_items; ++k) {
       const Item& item = items[k];
       attend_item(p, segments[item.segment], scratch, item.head, item.t0, item.t1);
     }
+    if (p.tiles) radixlm::amx::release_tiles();
   }
 }
 
@@ -204,7 +222,7 @@ Rows rows_of(const at::Tensor& t) {
 
 // The checks and the Problem both entries share; key and value are [L, Hkv, D] tensors or caches [slots, Hkv, D].
 Problem make_problem(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
-                     double scale, int64_t sliding_window, double softcap) {
+                     double scale, int64_t sliding_window, double softcap, bool tiles) {
   TORCH_CHECK(radixlm::prefill_attention_available(), "prefill attention needs a CPU with AVX-512 BF16");
   const int64_t head_dim = query.size(-1);
   for (const auto& [t, name] : {std::pair{&query, "query"}, {&key, "key"}, {&value, "value"}, {&out, "out"}}) {
@@ -216,8 +234,10 @@ Problem make_problem(const at::Tensor& query, const at::Tensor& key, const at::T
   TORCH_CHECK(num_kv_heads > 0 && query.size(1) % num_kv_heads == 0, "query heads must be a multiple of KV heads");
   TORCH_CHECK(std::isfinite(scale) && std::isfinite(softcap) && softcap >= 0 && sliding_window >= 0,
               "scale and softcap must be finite, softcap and sliding_window not negative");
+  TORCH_CHECK(!tiles || (radixlm::amx_bf16_available() && head_dim % 32 == 0),
+              "tiles need a CPU with AMX-BF16 and a head size that is a multiple of 32, got ", head_dim);
   return {rows_of(query), rows_of(out), num_kv_heads, query.size(1) / num_kv_heads, head_dim, 0,
-          static_cast<float>(scale), static_cast<float>(softcap), sliding_window, nullptr, nullptr};
+          static_cast<float>(scale), static_cast<float>(softcap), sliding_window, tiles, nullptr, nullptr};
 }
 
 }  // namespace
@@ -227,8 +247,8 @@ namespace radixlm {
 bool prefill_attention_available() { return isa::cpu_has_avx512_bf16(); }
 
 void prefill_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, at::Tensor& out,
-                       double scale, int64_t sliding_window, double softcap) {
-  const Problem p = make_problem(query, key, value, out, scale, sliding_window, softcap);
+                       double scale, int64_t sliding_window, double softcap, bool tiles) {
+  const Problem p = make_problem(query, key, value, out, scale, sliding_window, softcap, tiles);
   const int64_t num_queries = query.size(0), num_keys = key.size(0);
   TORCH_CHECK(num_keys >= num_queries, "the context (", num_keys, " keys) must hold the chunk's ", num_queries,
               " queries");
@@ -243,8 +263,9 @@ void prefill_attention(const at::Tensor& query, const at::Tensor& key, const at:
 
 void prefill_attention_paged(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                              at::Tensor& out, const at::Tensor& block_table, const at::Tensor& segments,
-                             int64_t block_size, double scale, int64_t sliding_window, double softcap) {
-  const Problem p = make_problem(query, key_cache, value_cache, out, scale, sliding_window, softcap);
+                             int64_t block_size, double scale, int64_t sliding_window, double softcap,
+                             bool tiles) {
+  const Problem p = make_problem(query, key_cache, value_cache, out, scale, sliding_window, softcap, tiles);
   TORCH_CHECK(block_table.device().is_cpu() && block_table.scalar_type() == at::kInt && block_table.dim() == 1 &&
                   block_table.is_contiguous(), "block_table must be a contiguous CPU int32 vector");
   TORCH_CHECK(segments.device().is_cpu() && segments.scalar_type() == at::kLong && segments.dim() == 2 &&

@@ -32,6 +32,7 @@ struct Problem {
   int64_t num_kv_heads, rep, head_dim, num_groups;
   float scale, softcap;
   int64_t window;  // 0: every earlier key
+  bool tiles;      // scores and values on AMX tiles (amx_block_scores, amx_block_values), else the dot product
   const uint32_t* kp;
   const uint32_t* vp;
   int64_t first_key(int64_t position) const { return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0; }
@@ -41,12 +42,12 @@ struct Problem {
   }
 };
 
-struct Scratch {  // one thread's, for one item at a time
+struct Scratch {  // one thread's, for one item at a time; `rows` a multiple of 16 (the tiles' row groups)
   std::vector<uint32_t> q, probs;
-  std::vector<float> scores, out, max, sum, alpha;
+  std::vector<float> scores, out, max, sum, alpha;  // sum: 16 lanes a row
   explicit Scratch(int64_t rows, int64_t head_dim)
       : q(rows * head_dim / 2), probs(rows * kKeys / 2), scores(rows * kKeys), out(rows * head_dim), max(rows),
-        sum(rows), alpha(rows) {}
+        sum(rows * 16), alpha(rows) {}
 };
 
 // Internal linkage: with it GCC inlines these steps into the item loop as it did when they lived in the .cpp file
@@ -92,7 +93,8 @@ RADIXLM_AVX512_BF16 inline void block_scores(const Problem& p, Scratch& w, int64
 }
 
 // Row r's online softmax step over block b: its probabilities (bfloat16 pairs), running max and sum, and the factor
-// its output so far is scaled by.
+// its output so far is scaled by. The sum is kept as 16 lanes (summed once, at the end: w.row_sum), and the max is
+// reduced across lanes only when some score passes the running max (most blocks of a long row pass none).
 RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int64_t r, int64_t position, int64_t b) {
   float* s = w.scores.data() + r * kKeys;
   if (p.softcap > 0.f) {
@@ -106,17 +108,23 @@ RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int6
                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   const __m512i lo = _mm512_set1_epi32(static_cast<int>(first_key));
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(position));
+  const float old_max = w.max[r];
+  const __m512 old_max_lanes = _mm512_set1_ps(old_max);
   __m512 x[kKeyVecs];
   __mmask16 valid[kKeyVecs];
-  __m512 shown_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 above = 0;
   for (int c = 0; c < kKeyVecs; ++c) {
     const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
     valid[c] = whole ? __mmask16{0xFFFF} : _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
     x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), _mm512_set1_ps(scale));
-    shown_max = _mm512_mask_max_ps(shown_max, valid[c], shown_max, x[c]);
+    above |= _mm512_mask_cmp_ps_mask(valid[c], x[c], old_max_lanes, _CMP_GT_OQ);
   }
-  const float block_max = _mm512_reduce_max_ps(shown_max);  // one horizontal reduction a row, not one a vector
-  const float old_max = w.max[r], new_max = std::max(old_max, block_max);
+  float new_max = old_max;
+  if (above != 0) {
+    __m512 shown_max = old_max_lanes;
+    for (int c = 0; c < kKeyVecs; ++c) shown_max = _mm512_mask_max_ps(shown_max, valid[c], shown_max, x[c]);
+    new_max = _mm512_reduce_max_ps(shown_max);
+  }
   if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing seen yet: no probability, nothing to scale
     std::memset(w.probs.data() + r * kKeys / 2, 0, kKeys * 2);
     w.alpha[r] = 1.f;
@@ -136,11 +144,17 @@ RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int6
                                                                          : std::exp(old_max - new_max);
   w.alpha[r] = alpha;
   w.max[r] = new_max;
-  w.sum[r] = w.sum[r] * alpha + _mm512_reduce_add_ps(total);
+  float* sum = w.sum.data() + r * 16;
+  _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha), total));
   for (int c = 0; c < kKeyVecs; c += 2) {
     const __m512bh packed = _mm512_cvtne2ps_pbh(e[c + 1], e[c]);  // keys 16c .. 16c + 15, then the next 16
     _mm512_storeu_si512(w.probs.data() + r * kKeys / 2 + 8 * c, reinterpret_cast<__m512i>(packed));
   }
+}
+
+// Row r's softmax denominator: its 16 lanes of sums added.
+RADIXLM_AVX512_BF16 inline float row_sum(const Scratch& w, int64_t r) {
+  return _mm512_reduce_add_ps(_mm512_loadu_ps(w.sum.data() + r * 16));
 }
 
 // out[r, d0 .. d0 + 16 kVecs) = alpha[r] * out[r, ...] + probs[r] . v[block] for kRows rows from r0.
@@ -175,6 +189,97 @@ RADIXLM_AVX512_BF16 inline void row_tile(const Problem& p, Scratch& w, int64_t r
       case 3: block_values<kRows, 3>(p, w, r0, d0, vblock); break;
       case 2: block_values<kRows, 2>(p, w, r0, d0, vblock); break;
       default: block_values<kRows, 1>(p, w, r0, d0, vblock); break;
+    }
+  }
+}
+
+// The same two steps on AMX tiles (amx_tiles.h's configuration, loaded by the calling thread), for `rows` rows
+// rounded up to 16: the rows past `rows` compute on whatever their scratch holds and are never read. The packed
+// layouts are already the tiles' operands: a key block's pair lines are B for q . k (16 keys a tile, lines 256
+// bytes apart) and a value block's key-pair lines B for probs . v (16 dimensions a tile, lines 4 D bytes apart).
+// Needs D a multiple of 32 (an operand tile's 16 pairs). Tiles: products 0-3, A 4, B 5-7.
+
+// scores[r, 0 .. kKeys) = q[r] . k[block's keys], each 16-row group in four 16 x 16 products.
+RADIXLM_AMX inline void amx_block_scores(const Problem& p, Scratch& w, int64_t rows, const uint32_t* kblock) {
+  const int64_t half = p.head_dim / 2;
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t i0 = 0; i0 < half; i0 += 16) {
+      const uint32_t* k = kblock + i0 * kKeys;
+      _tile_loadd(4, w.q.data() + r0 * half + i0, half * 4);
+      _tile_loadd(5, k, kKeys * 4);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, k + 16, kKeys * 4);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(7, k + 32, kKeys * 4);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, k + 48, kKeys * 4);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    float* s = w.scores.data() + r0 * kKeys;
+    _tile_stored(0, s, kKeys * 4);
+    _tile_stored(1, s + 16, kKeys * 4);
+    _tile_stored(2, s + 32, kKeys * 4);
+    _tile_stored(3, s + 48, kKeys * 4);
+  }
+}
+
+// out[r0 .. r0 + 16, d0 .. d0 + 16 kTiles) += probs[r0 .. r0 + 16] . v[block][:, d0 ..]: the output rows are the
+// product tiles themselves, loaded and stored back.
+template <int kTiles>
+RADIXLM_AMX inline void amx_values_part(const Problem& p, Scratch& w, int64_t r0, int64_t d0,
+                                        const uint32_t* vblock) {
+  const int64_t d = p.head_dim;
+  float* out = w.out.data() + r0 * d + d0;
+  _tile_loadd(0, out, d * 4);
+  _tile_loadd(1, out + 16, d * 4);
+  if constexpr (kTiles == 4) {
+    _tile_loadd(2, out + 32, d * 4);
+    _tile_loadd(3, out + 48, d * 4);
+  }
+  for (int64_t pair0 = 0; pair0 < kKeys / 2; pair0 += 16) {
+    const uint32_t* v = vblock + pair0 * d + d0;
+    _tile_loadd(4, w.probs.data() + r0 * kKeys / 2 + pair0, kKeys * 2);
+    _tile_loadd(5, v, d * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, v + 16, d * 4);
+    _tile_dpbf16ps(1, 4, 6);
+    if constexpr (kTiles == 4) {
+      _tile_loadd(7, v + 32, d * 4);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, v + 48, d * 4);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, out, d * 4);
+  _tile_stored(1, out + 16, d * 4);
+  if constexpr (kTiles == 4) {
+    _tile_stored(2, out + 32, d * 4);
+    _tile_stored(3, out + 48, d * 4);
+  }
+}
+
+// out[r] = alpha[r] * out[r] + probs[r] . v[block] for the first `rows` rows: the rows whose factor is not 1 (a
+// running max that moved: few blocks of a long row) scaled first, then every row group on the tiles.
+RADIXLM_AMX inline void amx_block_values(const Problem& p, Scratch& w, int64_t rows, const uint32_t* vblock) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (w.alpha[r] == 1.f) continue;
+    const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
+    float* out = w.out.data() + r * p.head_dim;
+    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
+      _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
+    }
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
+      if (p.head_dim - d0 >= 64) {
+        amx_values_part<4>(p, w, r0, d0, vblock);
+      } else {
+        amx_values_part<2>(p, w, r0, d0, vblock);
+      }
     }
   }
 }

@@ -24,10 +24,9 @@
 #include <cstring>
 #include <vector>
 
+#include "../amx_tiles.h"
 #include "../isa.h"
 #include "../kernel_checks.h"
-
-#define RADIXLM_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 
 namespace {
 
@@ -38,14 +37,6 @@ constexpr int64_t kStep = 32;   // input features per K step (64 bytes of a row)
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 bool cpu_has_amx_bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
@@ -53,17 +44,9 @@ bool cpu_has_amx_bf16() {
   return tile && bf16 && __builtin_cpu_supports("avx512bf16") && radixlm::isa::cpu_has_avx512();
 }
 
-// Every tile 16 x 64 bytes. C: 0 (features 0-15 x rows 0-15), 1 (features 0-15 x rows 16-31), 2 (16-31 x 0-15),
+// The tiles (amx_tiles.h). C: 0 (features 0-15 x rows 0-15), 1 (features 0-15 x rows 16-31), 2 (16-31 x 0-15),
 // 3 (16-31 x 16-31); A: 4, 5 (the weight's rows 0-15, 16-31); B: 6, 7 (x's rows 0-15, 16-31).
-RADIXLM_AMX void configure_tiles() {
-  TileConfig config{};
-  config.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  _tile_loadconfig(&config);
-}
+using radixlm::amx::configure_tiles;
 
 // r[i] holds row i of a 16 x 16 matrix of 32-bit words; afterwards r[j] holds its column j.
 RADIXLM_AMX inline void transpose16(__m512i r[16]) {

@@ -1,13 +1,13 @@
-"""The AVX-512 BF16 prefill kernel (`torch.ops.radixlm.prefill_attention`) against float32 attention on the same
-bfloat16 inputs: causal over a cached prefix, grouped heads, sliding windows, soft-caps, strided views, odd sizes;
-and `attend_prefill_chunk` through either path gives SDPA's rows."""
+"""The AVX-512 BF16 prefill kernel (`torch.ops.radixlm.prefill_attention`), on the dot product and on AMX tiles,
+against float32 attention on the same bfloat16 inputs: causal over a cached prefix, grouped heads, sliding windows,
+soft-caps, strided views, odd sizes; and `attend_prefill_chunk` through either path gives SDPA's rows."""
 
 import math
 
 import pytest
 import torch
 
-from radixlm.model.attention.prefill_kernel import attend_prefill_chunk
+from radixlm.model.attention.prefill_kernel import attend_prefill_chunk, prefill_tiles_available
 from radixlm.model.attention.torch_backend import PrefillSegment
 from radixlm.model.kv_cache import PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
@@ -36,9 +36,13 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, w
     return (weights @ vf).transpose(0, 1)
 
 
-def run_kernel(q, k, v, scale, window=0, softcap=0.0):
+TILES = [False, pytest.param(True, marks=pytest.mark.skipif(not prefill_tiles_available(),
+                                                            reason="needs a CPU with AMX-BF16"))]
+
+
+def run_kernel(q, k, v, scale, window=0, softcap=0.0, tiles=False):
     out = torch.full(q.shape, float("nan"), dtype=torch.bfloat16)
-    torch.ops.radixlm.prefill_attention(q, k, v, out, scale, window, softcap)
+    torch.ops.radixlm.prefill_attention(q, k, v, out, scale, window, softcap, tiles)
     return out
 
 
@@ -51,39 +55,45 @@ CASES = [  # queries, keys, query heads, KV heads, head size, window, softcap
     (20, 20, 4, 4, 80, 0, 30.0),
     (33, 70, 14, 2, 16, 0, 0.0),
     (3, 200, 130, 1, 64, 17, 0.0),
+    (90, 150, 4, 2, 96, 0, 0.0),
+    (40, 40, 2, 1, 32, 0, 0.0),
 ]
 
 
+@pytest.mark.parametrize("tiles", TILES, ids=["dot", "tiles"])
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
-def test_kernel_matches_float32_attention(case) -> None:
+def test_kernel_matches_float32_attention(case, tiles: bool) -> None:
     num_queries, num_keys, num_heads, num_kv_heads, head_dim, window, softcap = case
+    if tiles and head_dim % 32:
+        pytest.skip("the tiles take head sizes that are multiples of 32")
     generator = torch.Generator().manual_seed(num_queries * 1000 + num_keys)
     q = torch.randn(num_queries, num_heads, head_dim, generator=generator).to(torch.bfloat16)
     k = torch.randn(num_keys, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
     v = torch.randn(num_keys, num_kv_heads, head_dim, generator=generator).to(torch.bfloat16)
     scale = head_dim ** -0.5 * 2  # sharper than usual, so that masking mistakes show
     expected = reference(q, k, v, scale, window, softcap)
-    got = run_kernel(q, k, v, scale, window, softcap).float()
+    got = run_kernel(q, k, v, scale, window, softcap, tiles).float()
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
 
 
-def test_strided_views_and_huge_logits() -> None:
+@pytest.mark.parametrize("tiles", TILES, ids=["dot", "tiles"])
+def test_strided_views_and_huge_logits(tiles: bool) -> None:
     """Query heads-major views (as transformers lays them out) and K/V that are slices of a cache; logits in the
     thousands stay finite (the running max is subtracted before exp)."""
     generator = torch.Generator().manual_seed(5)
     queries = (torch.randn(6, 50, 64, generator=generator) * 30).to(torch.bfloat16)  # [Hq, T, D]
     cache = (torch.randn(400, 2, 64, generator=generator) * 30).to(torch.bfloat16)
     q, k, v = queries.transpose(0, 1), cache[100:180], cache[200:280]
-    got = run_kernel(q, k, v, 1.0).float()
+    got = run_kernel(q, k, v, 1.0, tiles=tiles).float()
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, reference(q, k, v, 1.0, 0, 0.0), atol=0.5, rtol=2e-2)
 
 
-@pytest.mark.parametrize("bad", ["dtype", "short context", "head size", "heads", "nan scale", "shape"])
+@pytest.mark.parametrize("bad", ["dtype", "short context", "head size", "heads", "nan scale", "shape", "tiles"])
 def test_bad_arguments_are_errors(bad: str) -> None:
     q = torch.zeros(4, 4, 64, dtype=torch.bfloat16)
     k = v = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
-    out, scale = torch.empty_like(q), 1.0
+    out, scale, tiles = torch.empty_like(q), 1.0, False
     if bad == "dtype":
         q = q.float()
     elif bad == "short context":
@@ -94,10 +104,13 @@ def test_bad_arguments_are_errors(bad: str) -> None:
         k = v = torch.zeros(8, 3, 64, dtype=torch.bfloat16)
     elif bad == "nan scale":
         scale = math.nan
+    elif bad == "tiles":  # a head size the tiles do not take, or a CPU without them
+        q, k, v, out = (t[..., :48] for t in (q, k, v, out))
+        tiles = True
     else:
         out = out[:2]
     with pytest.raises(RuntimeError):
-        torch.ops.radixlm.prefill_attention(q, k, v, out, scale, 0, 0.0)
+        torch.ops.radixlm.prefill_attention(q, k, v, out, scale, 0, 0.0, tiles)
 
 
 @pytest.mark.parametrize("cached", [False, True])

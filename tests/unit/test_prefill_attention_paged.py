@@ -1,10 +1,12 @@
 """The paged prefill kernel (`torch.ops.radixlm.prefill_attention_paged`): every chunk of a step in one call, K/V
 read through block tables, gives each row exactly what `prefill_attention` gives it over its gathered context,
-whether chunks share cached prefix blocks (packed once) or not, at any block size; bad tables are errors."""
+whether chunks share cached prefix blocks (packed once) or not, at any block size, on the dot product or on AMX
+tiles; bad tables are errors."""
 
 import pytest
 import torch
 
+from radixlm.model.attention.prefill_kernel import prefill_tiles_available
 from radixlm.model.ops import direct_kernel, extension_error
 
 pytestmark = pytest.mark.skipif(
@@ -12,6 +14,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs radixlm._C on a CPU with AVX-512 BF16")
 
 HQ, HKV, D, NUM_SLOTS = 6, 2, 64, 2048
+TILES = [False, pytest.param(True, marks=pytest.mark.skipif(not prefill_tiles_available(),
+                                                            reason="needs a CPU with AMX-BF16"))]
 
 
 def make_cache(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,19 +27,20 @@ def slots_of(table: list[int], length: int, block_size: int) -> torch.Tensor:
     return torch.tensor([table[j // block_size] * block_size + j % block_size for j in range(length)])
 
 
-def chunk_by_chunk(queries, keys, values, chunks, block_size, window, softcap):
+def chunk_by_chunk(queries, keys, values, chunks, block_size, window, softcap, tiles=False):
     """Each chunk through the contiguous kernel over its gathered context: the reference."""
     out = torch.zeros_like(queries)
     for first_row, num_queries, context_len, table in chunks:
         slots = slots_of(table, context_len, block_size)
         rows = slice(first_row, first_row + num_queries)
         target = torch.empty_like(queries[rows])
-        torch.ops.radixlm.prefill_attention(queries[rows], keys[slots], values[slots], target, 0.2, window, softcap)
+        torch.ops.radixlm.prefill_attention(queries[rows], keys[slots], values[slots], target, 0.2, window, softcap,
+                                            tiles)
         out[rows] = target
     return out
 
 
-def paged(queries, keys, values, chunks, block_size, window, softcap):
+def paged(queries, keys, values, chunks, block_size, window, softcap, tiles=False):
     flat, segments = [], []
     for first_row, num_queries, context_len, table in chunks:
         segments.append([first_row, num_queries, context_len, len(flat)])
@@ -43,7 +48,7 @@ def paged(queries, keys, values, chunks, block_size, window, softcap):
     out = torch.zeros_like(queries)
     torch.ops.radixlm.prefill_attention_paged(queries, keys, values, out, torch.tensor(flat, dtype=torch.int32),
                                               torch.tensor(segments, dtype=torch.int64), block_size, 0.2, window,
-                                              softcap)
+                                              softcap, tiles)
     return out
 
 
@@ -69,14 +74,15 @@ def step_chunks(block_size: int) -> tuple[int, list[tuple[int, int, int, list[in
     return row + 9 + 2, chunks
 
 
+@pytest.mark.parametrize("tiles", TILES, ids=["dot", "tiles"])
 @pytest.mark.parametrize("block_size", [4, 16, 128])
 @pytest.mark.parametrize("window,softcap", [(0, 0.0), (33, 0.0), (0, 20.0)])
-def test_paged_equals_chunk_by_chunk(block_size: int, window: int, softcap: float) -> None:
+def test_paged_equals_chunk_by_chunk(block_size: int, window: int, softcap: float, tiles: bool) -> None:
     keys, values = make_cache(block_size)
     num_rows, chunks = step_chunks(block_size)
     queries = torch.randn(num_rows, HQ, D, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    expected = chunk_by_chunk(queries, keys, values, chunks, block_size, window, softcap)
-    got = paged(queries, keys, values, chunks, block_size, window, softcap)
+    expected = chunk_by_chunk(queries, keys, values, chunks, block_size, window, softcap, tiles)
+    got = paged(queries, keys, values, chunks, block_size, window, softcap, tiles)
     assert torch.equal(got, expected)
     assert got[:3].eq(0).all() and got[-2:].eq(0).all()  # rows of no chunk untouched
 
