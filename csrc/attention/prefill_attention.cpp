@@ -98,21 +98,21 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch
   for (int64_t b = first; b <= last; ++b) {
     const uint32_t* kblock = p.key_block(s.groups[b], h);
     const uint32_t* vblock = p.value_block(s.groups[b], h);
-    if (p.tiles) {
-      amx_block_scores(p, w, tile_rows, kblock);
-    } else {
-      int64_t r0 = 0;
-      for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
-      for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
+    if (p.tiles) {  // a row group through all three steps before the next: its scratch stays in L1
+      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        const int64_t end = std::min(rows, r0 + 16);
+        amx_group_scores(p, w, r0, kblock);
+        for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, offset + t0 + r / p.rep, b);
+        amx_group_values(p, w, r0, end, vblock);
+      }
+      continue;
     }
+    int64_t r0 = 0;
+    for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
+    for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
     for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, offset + t0 + r / p.rep, b);
-    if (p.tiles) {
-      amx_block_values(p, w, rows, vblock);
-    } else {
-      int64_t r0 = 0;
-      for (; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
-      for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
-    }
+    for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
+    for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = 1.f / row_sum(w, r);

@@ -32,7 +32,7 @@ struct Problem {
   int64_t num_kv_heads, rep, head_dim, num_groups;
   float scale, softcap;
   int64_t window;  // 0: every earlier key
-  bool tiles;      // scores and values on AMX tiles (amx_block_scores, amx_block_values), else the dot product
+  bool tiles;      // scores and values on AMX tiles (amx_group_scores, amx_group_values), else the dot product
   const uint32_t* kp;
   const uint32_t* vp;
   int64_t first_key(int64_t position) const { return window > 0 ? std::max<int64_t>(0, position - window + 1) : 0; }
@@ -193,38 +193,36 @@ RADIXLM_AVX512_BF16 inline void row_tile(const Problem& p, Scratch& w, int64_t r
   }
 }
 
-// The same two steps on AMX tiles (amx_tiles.h's configuration, loaded by the calling thread), for `rows` rows
-// rounded up to 16: the rows past `rows` compute on whatever their scratch holds and are never read. The packed
+// The same two steps on AMX tiles (amx_tiles.h's configuration, loaded by the calling thread), one group of 16 rows
+// at a time: a group past the item's last row computes on whatever its scratch holds and is never read. The packed
 // layouts are already the tiles' operands: a key block's pair lines are B for q . k (16 keys a tile, lines 256
 // bytes apart) and a value block's key-pair lines B for probs . v (16 dimensions a tile, lines 4 D bytes apart).
 // Needs D a multiple of 32 (an operand tile's 16 pairs). Tiles: products 0-3, A 4, B 5-7.
 
-// scores[r, 0 .. kKeys) = q[r] . k[block's keys], each 16-row group in four 16 x 16 products.
-RADIXLM_AMX inline void amx_block_scores(const Problem& p, Scratch& w, int64_t rows, const uint32_t* kblock) {
+// scores[r, 0 .. kKeys) = q[r] . k[block's keys] for the 16 rows from r0, in four 16 x 16 products.
+RADIXLM_AMX inline void amx_group_scores(const Problem& p, Scratch& w, int64_t r0, const uint32_t* kblock) {
   const int64_t half = p.head_dim / 2;
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t i0 = 0; i0 < half; i0 += 16) {
-      const uint32_t* k = kblock + i0 * kKeys;
-      _tile_loadd(4, w.q.data() + r0 * half + i0, half * 4);
-      _tile_loadd(5, k, kKeys * 4);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(6, k + 16, kKeys * 4);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_loadd(7, k + 32, kKeys * 4);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_loadd(5, k + 48, kKeys * 4);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-    float* s = w.scores.data() + r0 * kKeys;
-    _tile_stored(0, s, kKeys * 4);
-    _tile_stored(1, s + 16, kKeys * 4);
-    _tile_stored(2, s + 32, kKeys * 4);
-    _tile_stored(3, s + 48, kKeys * 4);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i0 = 0; i0 < half; i0 += 16) {
+    const uint32_t* k = kblock + i0 * kKeys;
+    _tile_loadd(4, w.q.data() + r0 * half + i0, half * 4);
+    _tile_loadd(5, k, kKeys * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, k + 16, kKeys * 4);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(7, k + 32, kKeys * 4);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, k + 48, kKeys * 4);
+    _tile_dpbf16ps(3, 4, 5);
   }
+  float* s = w.scores.data() + r0 * kKeys;
+  _tile_stored(0, s, kKeys * 4);
+  _tile_stored(1, s + 16, kKeys * 4);
+  _tile_stored(2, s + 32, kKeys * 4);
+  _tile_stored(3, s + 48, kKeys * 4);
 }
 
 // out[r0 .. r0 + 16, d0 .. d0 + 16 kTiles) += probs[r0 .. r0 + 16] . v[block][:, d0 ..]: the output rows are the
@@ -262,10 +260,11 @@ RADIXLM_AMX inline void amx_values_part(const Problem& p, Scratch& w, int64_t r0
   }
 }
 
-// out[r] = alpha[r] * out[r] + probs[r] . v[block] for the first `rows` rows: the rows whose factor is not 1 (a
-// running max that moved: few blocks of a long row) scaled first, then every row group on the tiles.
-RADIXLM_AMX inline void amx_block_values(const Problem& p, Scratch& w, int64_t rows, const uint32_t* vblock) {
-  for (int64_t r = 0; r < rows; ++r) {
+// out[r] = alpha[r] * out[r] + probs[r] . v[block] for the 16 rows from r0 (those before `end` real): the rows
+// whose factor is not 1 (a running max that moved: few blocks of a long row) scaled first, then the products.
+RADIXLM_AMX inline void amx_group_values(const Problem& p, Scratch& w, int64_t r0, int64_t end,
+                                         const uint32_t* vblock) {
+  for (int64_t r = r0; r < end; ++r) {
     if (w.alpha[r] == 1.f) continue;
     const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
     float* out = w.out.data() + r * p.head_dim;
@@ -273,13 +272,11 @@ RADIXLM_AMX inline void amx_block_values(const Problem& p, Scratch& w, int64_t r
       _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
     }
   }
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
-      if (p.head_dim - d0 >= 64) {
-        amx_values_part<4>(p, w, r0, d0, vblock);
-      } else {
-        amx_values_part<2>(p, w, r0, d0, vblock);
-      }
+  for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
+    if (p.head_dim - d0 >= 64) {
+      amx_values_part<4>(p, w, r0, d0, vblock);
+    } else {
+      amx_values_part<2>(p, w, r0, d0, vblock);
     }
   }
 }
