@@ -3,8 +3,8 @@
 //
 // Why our own: PyTorch's CPU flash SDPA ran a 2,000-token prefill of the default model at 0.11 TFLOP/s on a Zen 4
 // (2 threads, bfloat16 or float32 alike; 41.6 ms a layer, half of the prefill), where its bfloat16 matmul reaches
-// 0.41; on a Xeon with AMX, whose tiles SDPA uses too, at 0.45 TFLOP/s (10.3 ms a layer) against 0.6 for the tiles
-// here (7.5 ms), and the paged entry below has no counterpart in SDPA.
+// 0.41; on a Xeon with AMX, whose tiles SDPA uses too, at 0.45-0.5 TFLOP/s (9.2-10.3 ms a layer) against 0.63 for
+// the tiles here (7.1-7.3 ms), and the paged entry below has no counterpart in SDPA.
 //
 // K and V are first repacked per KV head into the dot product's pair layout (one pass, O(L)): a block of 64 keys
 // holds, for each pair of dimensions, the 64 keys' pairs as 32-bit words (`kp`, so 16 keys' scores are one vector

@@ -3,7 +3,7 @@ csrc/attention/prefill_attention.cpp) on CPUs with AVX-512 BF16, where it beats 
 reference (`torch_backend.attend_prefill`). Its two products run on AMX-BF16 tiles where the CPU has them (head sizes
 that are multiples of 32; SDPA, on the same tiles, takes the others), else on AVX-512's bfloat16 dot product. One
 layer of a 2,000-token prefill, the default model's 9 query heads of 64: 41.6 ms through SDPA against 14.7-14.9 on the
-dot product on a Zen 4; 10.3 ms through SDPA against 7.5 on the tiles on a Xeon with AMX (`benchmarks/
+dot product on a Zen 4; 9.2-10.3 ms through SDPA against 7.1-7.3 on the tiles on a Xeon with AMX (`benchmarks/
 prefill_attention.py`).
 
 Over a bfloat16 cache every prefill chunk of a step attends in one call (`PagedPrefill`,
