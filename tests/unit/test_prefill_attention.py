@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from radixlm.model.attention.prefill_kernel import attend_prefill_chunk, prefill_tiles_available
+from radixlm.model.attention.prefill_kernel import attend_prefill_chunk, kernel_takes, prefill_tiles_available
 from radixlm.model.attention.torch_backend import PrefillSegment
 from radixlm.model.kv_cache import PagedKVCache
 from radixlm.model.ops import direct_kernel, extension_error
@@ -113,25 +113,31 @@ def test_bad_arguments_are_errors(bad: str) -> None:
         torch.ops.radixlm.prefill_attention(q, k, v, out, scale, 0, 0.0, tiles)
 
 
+@pytest.mark.parametrize("head_dim", [64, 48])
 @pytest.mark.parametrize("cached", [False, True])
 @pytest.mark.parametrize("output_dtype", [torch.bfloat16, torch.float32])
-def test_attend_prefill_chunk_kernel_and_sdpa_agree(cached: bool, output_dtype: torch.dtype) -> None:
-    """A chunk of 24 rows after 8 other rows of the batch, its context either fresh or 40 cached positions."""
+def test_attend_prefill_chunk_kernel_and_sdpa_agree(cached: bool, output_dtype: torch.dtype, head_dim: int) -> None:
+    """A chunk of 24 rows after 8 other rows of the batch, its context either fresh or 40 cached positions; a head
+    size the kernel does not take here (48 where the tiles run) goes to SDPA, whose rows it then equals exactly."""
     generator = torch.Generator().manual_seed(11)
-    cache = PagedKVCache(1, 16, 4, 2, 64, torch.bfloat16)
+    cache = PagedKVCache(1, 16, 4, 2, head_dim, torch.bfloat16)
     layer = cache.layer(0)
     layer.keys.copy_(torch.randn(layer.keys.shape, generator=generator))
     layer.values.copy_(torch.randn(layer.values.shape, generator=generator))
     total_rows, start, num_queries = 40, 8, 24
-    queries = torch.randn(6, total_rows, 64, generator=generator).to(torch.bfloat16)
-    new_keys, new_values = (torch.randn(total_rows, 2, 64, generator=generator).to(torch.bfloat16) for _ in "kv")
+    queries = torch.randn(6, total_rows, head_dim, generator=generator).to(torch.bfloat16)
+    new_keys, new_values = (torch.randn(total_rows, 2, head_dim, generator=generator).to(torch.bfloat16)
+                            for _ in "kv")
     context = slice(3, 43) if cached else None
     segment = PrefillSegment(start=start, num_queries=num_queries, context_slots=context,
                              context_len=40 if cached else num_queries)
     outputs = []
     for use_kernel in (False, True):
-        output = torch.zeros(total_rows, 6, 64, dtype=output_dtype)
+        output = torch.zeros(total_rows, 6, head_dim, dtype=output_dtype)
         attend_prefill_chunk(queries, new_keys, new_values, layer, segment, output, 0.125, None, None, use_kernel)
         outputs.append(output)
     assert outputs[1][:start].eq(0).all() and outputs[1][start + num_queries:].eq(0).all()
     torch.testing.assert_close(outputs[1].float(), outputs[0].float(), atol=2e-2, rtol=2e-2)
+    assert kernel_takes(head_dim) == (head_dim % 32 == 0 or not prefill_tiles_available())
+    if not kernel_takes(head_dim):
+        assert torch.equal(outputs[1], outputs[0])
