@@ -47,6 +47,7 @@ bool cpu_has_amx_bf16() {
 // The tiles (amx_tiles.h). C: 0 (features 0-15 x rows 0-15), 1 (features 0-15 x rows 16-31), 2 (16-31 x 0-15),
 // 3 (16-31 x 16-31); A: 4, 5 (the weight's rows 0-15, 16-31); B: 6, 7 (x's rows 0-15, 16-31).
 using radixlm::amx::configure_tiles;
+using radixlm::amx::release_tiles;
 
 // r[i] holds row i of a 16 x 16 matrix of 32-bit words; afterwards r[j] holds its column j.
 RADIXLM_AMX inline void transpose16(__m512i r[16]) {
@@ -139,7 +140,7 @@ RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, 
       store_block(c, bias + g * kGroup, out + m * N + g * kGroup, rows, N);
     }
   }
-  _tile_release();
+  release_tiles();
 }
 
 // x's rows in passes of 32 (the last padded with zeros), each as K / 2 lines of 32 pairs: pair p of row r at
