@@ -27,7 +27,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
     # csrc/bindings.cpp registers every op; the kernels live by kind in csrc/attention, csrc/linear, csrc/norm,
     # csrc/activation.
     sources = ["csrc/bindings.cpp",
-               "csrc/attention/paged_attention.cpp", "csrc/attention/prefill_attention.cpp",
+               "csrc/attention/paged_attention.cpp", "csrc/attention/decode_cascade.cpp",
+               "csrc/attention/prefill_attention.cpp",
                "csrc/attention/kv_write.cpp",
                "csrc/linear/linear.cpp", "csrc/linear/linear_int8.cpp", "csrc/linear/int8_scaling.cpp",
                "csrc/linear/linear_gguf.cpp", "csrc/linear/gguf_activations.cpp", "csrc/linear/gguf_portable.cpp",

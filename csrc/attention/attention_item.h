@@ -151,10 +151,10 @@ void attend_tile(const Problem& p, ItemState& s, const scalar_t* keys, const sca
 void store_results(const Problem& p, const ItemState& s, int64_t split) {
   const int64_t d = s.d;
   for (int64_t r = 0; r < s.num_rows; ++r) {
-    const int64_t row_len = p.context_lens[s.b + r];
-    if (split > last_split(p, row_len)) continue;  // a safeguard: rows of a group share their last split
-    if (num_splits(p, row_len) > 1) {  // a partial result: (max, sum, unnormalised output) per query head
-      float* record = p.partials + (p.partial_offsets[s.b + r] + (split - first_split(p, row_len)) * p.num_heads +
+    const int64_t row = s.b + r;
+    if (split > last_split(p, row)) continue;  // a safeguard: rows of a group share their last split
+    if (num_records(p, row) > 0) {  // a partial result: (max, sum, unnormalised output) per query head
+      float* record = p.partials + (p.partial_offsets[row] + split_record(p, row, split) * p.num_heads +
                                     s.h0 * s.rep) * (d + 2);
       for (int64_t jj = 0; jj < s.per_row; ++jj, record += d + 2) {
         const int64_t j = r * s.per_row + jj;
@@ -164,7 +164,7 @@ void store_results(const Problem& p, const ItemState& s, int64_t split) {
       }
       continue;
     }
-    const int64_t out_offset = ((s.b + r) * p.num_heads + s.h0 * s.rep) * d;
+    const int64_t out_offset = (row * p.num_heads + s.h0 * s.rep) * d;
     for (int64_t jj = 0; jj < s.per_row; ++jj) {
       const int64_t j = r * s.per_row + jj;
       const float inverse = s.running_sum[j] > 0.f ? 1.f / s.running_sum[j] : 0.f;  // empty context: zeros
@@ -185,15 +185,15 @@ template <typename scalar_t, int64_t kD>
 void attend_rows(const Problem& p, scalar_t* keys, scalar_t* values, int64_t b, int64_t num_rows, int64_t h0,
                  int64_t h1, int64_t split, bool stagger, std::vector<float>& scratch) {
   ItemState s(p, b, num_rows, h0, h1, scratch);
-  const int64_t context_len = p.context_lens[b + num_rows - 1];  // the longest row's
+  const int64_t longest = b + num_rows - 1, context_len = p.context_lens[longest];
   // Whether this item writes the row's new K/V (see Problem::writes_own_row): an item that streams writes them
   // right after streaming in the last chunk, which holds them, so the stores hit lines already in cache; one that
   // does not stream writes them first.
-  const bool writes_row = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, context_len);
+  const bool writes_row = p.writes_own_row != nullptr && p.writes_own_row[b] && split == last_split(p, longest);
   // Rows are grouped only without a sliding window and with the same last split (see `plan_items`), so `first` is
   // each row's own start and `end` each row's own split end or length. This item attends [first, end) of the split.
-  const int64_t first = std::max(first_position(p, context_len), split * kSplitPositions);
-  const int64_t end = split_end(p, context_len, split);
+  const int64_t first = std::max(first_position(p, longest), split * kSplitPositions);
+  const int64_t end = split_end(p, longest, split);
   const int32_t* blocks = p.block_table + p.block_offsets[b];
   // An item with every KV head streams its K/V in chunk by chunk (attention_stream_in.h); one with some heads reads
   // a strided part of each row, and prefetches each tile's rows one tile ahead instead, as it goes. A staggered

@@ -22,8 +22,8 @@ struct Problem {
   int64_t query_stride_b, query_stride_h;
   int64_t num_heads, num_kv_heads, head_dim, block_size, sliding_window;
   float scale, softcap;
-  // Rows whose context spans several splits (see kSplitPositions) leave one partial result per (split, query head)
-  // here, merged after all items: request b's start at partials + partial_offsets[b] * (head_dim + 2).
+  // Rows whose context spans several splits (see kSplitPositions), or a shared part and a split, leave one partial
+  // result per (record, query head) here, merged after all items (see num_records).
   float* partials;
   const int64_t* partial_offsets;
   // The step's new K/V rows (row b's at new_rows->slots[b]) when the kernel writes them, else null. A row that
@@ -34,6 +34,8 @@ struct Problem {
   // An int8 cache's scales (kv_rows.h); null for float32 and bfloat16 caches.
   radixlm_kv::Scales scales;
   bool bf16_io;  // query and output in bfloat16 (over a bfloat16 cache: attention_tiles_dot.h)
+  // [B] positions at the start of each row's context attended with other rows' (decode_cascade.h), or null.
+  const int32_t* shared_lens = nullptr;
 };
 
 // out[offset + e] = values[e] * multiplier for e < d, rounded to bfloat16 when the output is.
@@ -53,31 +55,48 @@ inline void store_output(const Problem& p, int64_t offset, const float* values, 
 // threads busy even for one request (its KV heads alone are too few items). The last split runs to the end of the
 // context, taking in a remainder shorter than half a split: an item of a few positions cost about as much as a full
 // one, its read too short to stream (64 requests of 1,040 positions took 80 ms a step against 73 for 1,024). The cuts
-// depend on the row's own length only, never on the batch, so a row gets the same numbers in any step.
+// depend on the row's own length only, never on the batch, so a row gets the same numbers in any step (but for the
+// shared part of a bfloat16 row that decode_cascade.h attends with other rows').
 constexpr int64_t kSplitPositions = 512;
 
-inline int64_t first_position(const Problem& p, int64_t context_len) {
-  return p.sliding_window > 0 ? std::max<int64_t>(0, context_len - p.sliding_window) : 0;
+// The first position the row's context may attend: its sliding window's start, 0 without one.
+inline int64_t window_start(const Problem& p, int64_t b) {
+  return p.sliding_window > 0 ? std::max<int64_t>(0, p.context_lens[b] - p.sliding_window) : 0;
 }
 
-// Splits [first, last] of a row: an empty context has one (split 0, with nothing in it).
-inline int64_t first_split(const Problem& p, int64_t context_len) {
-  return first_position(p, context_len) / kSplitPositions;
-}
+// Positions [0, shared_len) of row b were attended with other rows' (decode_cascade.h); its own items start after.
+inline int64_t shared_len(const Problem& p, int64_t b) { return p.shared_lens != nullptr ? p.shared_lens[b] : 0; }
 
-inline int64_t last_split(const Problem& p, int64_t context_len) {
+// The first position row b's own items attend.
+inline int64_t first_position(const Problem& p, int64_t b) { return std::max(window_start(p, b), shared_len(p, b)); }
+
+// Splits [first, last] of row b: an empty context has one (split 0, with nothing in it).
+inline int64_t first_split(const Problem& p, int64_t b) { return first_position(p, b) / kSplitPositions; }
+
+inline int64_t last_split(const Problem& p, int64_t b) {
+  const int64_t context_len = p.context_lens[b];
   const int64_t last = std::max<int64_t>(context_len - 1, 0) / kSplitPositions;
   const bool short_remainder = context_len - last * kSplitPositions < kSplitPositions / 2;
-  return last > first_split(p, context_len) && short_remainder ? last - 1 : last;
+  return last > first_split(p, b) && short_remainder ? last - 1 : last;
 }
 
-inline int64_t num_splits(const Problem& p, int64_t context_len) {
-  return last_split(p, context_len) - first_split(p, context_len) + 1;
+inline int64_t num_splits(const Problem& p, int64_t b) { return last_split(p, b) - first_split(p, b) + 1; }
+
+// One past the last position of split `split` of row b.
+inline int64_t split_end(const Problem& p, int64_t b, int64_t split) {
+  return split >= last_split(p, b) ? p.context_lens[b] : (split + 1) * kSplitPositions;
 }
 
-// One past the last position of split `split` of a row.
-inline int64_t split_end(const Problem& p, int64_t context_len, int64_t split) {
-  return split >= last_split(p, context_len) ? context_len : (split + 1) * kSplitPositions;
+// Partial records of row b (its splits', and the shared part's first when it has one): 0 when its one split writes
+// its output directly. Record k of query head h is at partials + (partial_offsets[b] + k * num_heads + h) * (D + 2).
+inline int64_t num_records(const Problem& p, int64_t b) {
+  const int64_t count = num_splits(p, b) + (shared_len(p, b) > 0 ? 1 : 0);
+  return count > 1 ? count : 0;
+}
+
+// The record that split `split` of row b fills.
+inline int64_t split_record(const Problem& p, int64_t b, int64_t split) {
+  return split - first_split(p, b) + (shared_len(p, b) > 0 ? 1 : 0);
 }
 
 // offsets[i] = element offset in the caches of the K/V row of position `from + i`, KV head h0, for i < count (the
@@ -113,8 +132,8 @@ constexpr int64_t kMaxRowsPerPiece = 64;
 // Whether row b continues the run of rows before it (see `plan_items`).
 inline bool continues_run(const Problem& p, int64_t b) {
   return b > 0 && p.sliding_window <= 0 && p.block_offsets[b] == p.block_offsets[b - 1] &&
-         p.context_lens[b] >= p.context_lens[b - 1] &&
-         last_split(p, p.context_lens[b]) == last_split(p, p.context_lens[b - 1]);
+         p.context_lens[b] >= p.context_lens[b - 1] && shared_len(p, b) == 0 && shared_len(p, b - 1) == 0 &&
+         last_split(p, b) == last_split(p, b - 1);
 }
 
 // The work items of a step: runs of rows of one request (consecutive rows with the same block offset, non-decreasing
@@ -149,7 +168,7 @@ std::vector<Item> plan_items(const Problem& p, int64_t batch, int64_t num_thread
     const int64_t pieces = (num_rows + rows_per_piece - 1) / rows_per_piece;
     for (int64_t piece = 0, row = first; piece < pieces; ++piece) {
       const int64_t size = num_rows / pieces + (piece < num_rows % pieces ? 1 : 0);
-      const int64_t longest = p.context_lens[row + size - 1];
+      const int64_t longest = row + size - 1;  // the row with the longest context
       for (int64_t split = first_split(p, longest); split <= last_split(p, longest); ++split) {
         for (int64_t h0 = 0; h0 < p.num_kv_heads; h0 += heads_per_item) {
           items.push_back({row, size, h0, h0 + heads_per_item, split});
@@ -184,7 +203,7 @@ inline std::vector<uint8_t> plan_writes(const Problem& p, int64_t batch, int64_t
     int64_t first = 0, last = -1;  // block indexes the run reads
     for (e = b; e < batch && p.block_offsets[e] == p.block_offsets[b]; ++e) {
       if (p.context_lens[e] == 0) continue;
-      const int64_t lo = first_position(p, p.context_lens[e]) / p.block_size;
+      const int64_t lo = window_start(p, e) / p.block_size;  // the shared part too: it reads after these writes
       first = last < 0 ? lo : std::min(first, lo);
       last = std::max<int64_t>(last, (p.context_lens[e] - 1) / p.block_size);
     }

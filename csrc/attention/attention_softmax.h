@@ -125,10 +125,10 @@ inline void softmax_heads(float* __restrict s, int64_t n, int64_t count, float* 
 }
 #endif
 
-// The output of a row attended in splits: its partial results combined in split order (each rescaled to the
-// largest max), one query head at a time.
+// The output of a row attended in parts (its splits, after a shared part if it has one): its partial records
+// combined in order (each rescaled to the largest max), one query head at a time.
 void merge_splits(const Problem& p, int64_t b) {
-  const int64_t d = p.head_dim, count = num_splits(p, p.context_lens[b]), stride = p.num_heads * (d + 2);
+  const int64_t d = p.head_dim, count = num_records(p, b), stride = p.num_heads * (d + 2);
   for (int64_t h = 0; h < p.num_heads; ++h) {
     const float* first = p.partials + (p.partial_offsets[b] + h) * (d + 2);
     float top = -1e30f;

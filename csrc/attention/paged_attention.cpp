@@ -14,10 +14,14 @@
 // plain decode's own items write its row right after streaming in the block that holds it, so the stores find their
 // lines in cache; rows that other rows read are written before any item starts (see `plan_writes`).
 //
+// Over a bfloat16 cache with bfloat16 queries, rows that share a prefix (the same leading blocks, enough of them and
+// enough rows: decode_cascade.h) first attend it together, and their own items start after it; the shared part's
+// result is the first of their partial records.
+//
 // attention_plan.h holds the problem, its work items and who writes which new row; attention_item.h one item's
 // work; attention_stream_in.h the read that brings a chunk of K/V into cache before it is attended;
-// attention_softmax.h the softmax phase and the merge of splits; attention_tiles.h the register-tiled score and value
-// phases (head_dim 64 and 128), attention_generic.h those of any other head_dim.
+// attention_softmax.h the softmax phase and the merge of partial records; attention_tiles.h the register-tiled score
+// and value phases (head_dim 64 and 128), attention_generic.h those of any other head_dim.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -27,28 +31,71 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "attention_item.h"
 #include "attention_plan.h"
 #include "attention_softmax.h"
+#include "decode_cascade.h"
+#include "../linear/amx_bf16.h"
 #include "paged_attention.h"
 
 namespace {
 
 using namespace radixlm_attention;  // the plan, the work item, the merge of splits
 
+// Rows that are a request's only query row in the step (a plain decode): the ones a shared part may take.
+std::vector<uint8_t> lone_rows(const Problem& p, int64_t batch) {
+  std::vector<uint8_t> lone(batch);
+  for (int64_t b = 0; b < batch; ++b) lone[b] = !continues_run(p, b) && !(b + 1 < batch && continues_run(p, b + 1));
+  return lone;
+}
+
+// The groups whose shared positions attend_shared takes (decode_cascade.h), with `shared_lens` filled for their
+// rows; none where the kernel does not serve this call (bfloat16 query and cache on AVX-512 BF16, no window).
+template <typename scalar_t, int64_t kD>
+std::vector<radixlm_cascade::Group> plan_shared(const Problem& p, int64_t batch, std::vector<int32_t>& shared_lens) {
+  if constexpr (!std::is_same_v<scalar_t, at::BFloat16> || kD <= 0) {
+    return {};
+  } else {
+    if (!p.bf16_io || p.sliding_window > 0 || batch < 2 || !radixlm_cascade::shared_part_available(kD)) return {};
+    std::vector<radixlm_cascade::Group> groups = radixlm_cascade::find_groups(
+        p.block_table, p.block_offsets, p.context_lens, lone_rows(p, batch), batch, p.block_size);
+    if (!groups.empty()) {
+      shared_lens.assign(batch, 0);
+      for (const auto& g : groups) {
+        for (const int64_t b : g.rows) shared_lens[b] = static_cast<int32_t>(g.num_keys);
+      }
+    }
+    return groups;
+  }
+}
+
+template <typename scalar_t>
+void attend_shared(const Problem& p, const std::vector<radixlm_cascade::Group>& groups, const scalar_t* keys,
+                   const scalar_t* values) {
+  const radixlm_cascade::SharedProblem shared{
+      static_cast<const uint16_t*>(p.query), p.query_stride_b, p.query_stride_h,
+      reinterpret_cast<const uint16_t*>(keys), reinterpret_cast<const uint16_t*>(values), p.num_kv_heads,
+      p.num_heads / p.num_kv_heads, p.head_dim, p.block_size, p.scale, p.softcap, radixlm::amx_bf16_available(),
+      p.partials, p.partial_offsets};
+  radixlm_cascade::attend_shared(shared, groups);
+}
+
 template <typename scalar_t, int64_t kD>
 void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num_blocks) {
+  std::vector<int32_t> shared_lens;
+  const std::vector<radixlm_cascade::Group> groups = plan_shared<scalar_t, kD>(p, batch, shared_lens);
+  if (!groups.empty()) p.shared_lens = shared_lens.data();
   int64_t num_positions = 0;
   std::vector<int64_t> partial_offsets(batch), merged_rows;
   int64_t num_records = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = p.context_lens[b];
-    num_positions += len - first_position(p, len);
+    num_positions += p.context_lens[b] - first_position(p, b);
     partial_offsets[b] = num_records;
-    if (num_splits(p, len) > 1) {
-      num_records += num_splits(p, len) * p.num_heads;
+    if (radixlm_attention::num_records(p, b) > 0) {
+      num_records += radixlm_attention::num_records(p, b) * p.num_heads;
       merged_rows.push_back(b);
     }
   }
@@ -64,7 +111,7 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num
   std::vector<uint8_t> writes_own_row;
   if (p.new_rows != nullptr) {
     // Rows that other rows read are written here, in row order (a repeated slot keeps the last row's, as write_kv),
-    // before any item starts.
+    // before any item starts (and before the shared part reads the cache).
     writes_own_row = plan_writes(p, batch, num_blocks);
     for (int64_t b = 0; b < batch; ++b) {
       if (!writes_own_row[b]) {
@@ -73,6 +120,7 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num
     }
     p.writes_own_row = writes_own_row.data();
   }
+  if (!groups.empty()) attend_shared(p, groups, keys, values);
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
 #pragma omp parallel num_threads(num_threads) if (num_threads > 1)
   {

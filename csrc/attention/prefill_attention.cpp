@@ -30,12 +30,15 @@
 
 #include "../amx_tiles.h"
 #include "../linear/amx_bf16.h"
+#include "key_packing.h"
 #include "prefill_blocks.h"
 
 namespace {
 
 using radixlm_prefill::kKeys;
 using radixlm_prefill::kMaxRows;
+using radixlm_prefill::pack_block;
+using radixlm_prefill::Packing;
 using radixlm_prefill::Problem;
 using radixlm_prefill::Rows;
 using radixlm_prefill::Scratch;
@@ -48,37 +51,6 @@ struct Segment {
   int64_t first_row, num_queries, num_keys;
   std::vector<int64_t> groups;
 };
-
-// The keys to pack: block g holds the K/V rows at slots[g * kKeys + c] of the sources (-1: past the context, zeros).
-struct Packing {
-  Rows k, v;
-  std::vector<int64_t> slots;
-  int64_t num_groups() const { return static_cast<int64_t>(slots.size()) / kKeys; }
-};
-
-// Block g of KV head h in the pair layouts.
-void pack_block(const Problem& p, const Packing& src, int64_t g, int64_t h) {
-  const int64_t half = p.head_dim / 2, d = p.head_dim;
-  uint32_t* kdst = const_cast<uint32_t*>(p.key_block(g, h));
-  uint32_t* vdst = const_cast<uint32_t*>(p.value_block(g, h));
-  const int64_t* slots = src.slots.data() + g * kKeys;
-  for (int64_t c = 0; c < kKeys; ++c) {
-    const uint16_t* row = slots[c] >= 0 ? src.k.at(slots[c], h) : nullptr;
-    for (int64_t i = 0; i < half; ++i) {
-      uint32_t word = 0;
-      if (row != nullptr) std::memcpy(&word, row + 2 * i, sizeof(word));
-      kdst[i * kKeys + c] = word;
-    }
-  }
-  for (int64_t pair = 0; pair < kKeys / 2; ++pair) {
-    const uint16_t* first = slots[2 * pair] >= 0 ? src.v.at(slots[2 * pair], h) : nullptr;
-    const uint16_t* second = slots[2 * pair + 1] >= 0 ? src.v.at(slots[2 * pair + 1], h) : nullptr;
-    for (int64_t e = 0; e < d; ++e) {
-      const uint32_t lo = first != nullptr ? first[e] : 0, hi = second != nullptr ? second[e] : 0;
-      vdst[pair * d + e] = lo | (hi << 16);
-    }
-  }
-}
 
 // Positions t0 .. t1 - 1 of chunk `s` with KV head h and all its query heads: row r is position t0 + r / rep of
 // query head h * rep + r % rep.

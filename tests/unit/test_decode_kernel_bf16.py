@@ -90,12 +90,18 @@ def test_bfloat16_cache_outputs_stay_within_bfloat16_precision(head_dim, rep, sl
 @pytest.mark.parametrize("requests", REQUEST_MIXES)
 def test_bfloat16_rows_get_the_same_numbers_in_any_batch_or_split(requests, head_dim):
     """Over a bfloat16 cache, a request's rows verifying drafts read together equal the same rows as separate
-    requests, on one thread or two, bit for bit; and a long context alone (cut into more work items) equals itself
-    in the batch."""
+    requests over copies of their blocks, on one thread or two, bit for bit; and a long context alone (cut into more
+    work items) equals itself in the batch. (Separate requests on the same blocks are a shared prefix, which
+    test_decode_cascade.py covers.)"""
     block_size, num_heads = 16, 3 * NUM_KV_HEADS
     lengths, shared, _ = _mix_tables(requests, 400, block_size, random.Random(head_dim))
-    separate = [list(table) for table in shared]
     caches = _caches(400 * block_size, head_dim, torch.bfloat16, 1)
+    separate, copies = [], [[], []]
+    for table in shared:
+        separate.append([400 + len(copies[0]) + i for i in range(len(table))])
+        for copy, cache in zip(copies, caches, strict=True):
+            copy.extend(cache.view(400, block_size, *cache.shape[1:])[block] for block in table)
+    caches = [torch.cat([cache, torch.stack(copy).flatten(0, 1)]) for cache, copy in zip(caches, copies, strict=True)]
     query = torch.randn(len(lengths), num_heads, head_dim).bfloat16()
     outs = [_attend(query, caches, tables, lengths, block_size, threads)
             for tables, threads in ((shared, 1), (shared, 2), (separate, 1), (separate, 2))]
@@ -104,17 +110,3 @@ def test_bfloat16_rows_get_the_same_numbers_in_any_batch_or_split(requests, head
     longest = max(range(len(lengths)), key=lambda b: lengths[b])
     alone = _attend(query[longest:longest + 1], caches, [separate[longest]], [lengths[longest]], block_size, 2)
     assert torch.equal(alone[0], outs[0][longest])
-
-
-def test_bfloat16_requests_on_one_shared_prefix_get_what_each_gets_alone():
-    """Requests whose tables begin with the same blocks (a prefix-cache hit) get the numbers each gets alone."""
-    block_size, head_dim, num_heads = 16, 64, 3 * NUM_KV_HEADS
-    prefix = list(range(60))
-    tables = [prefix + [60 + 3 * b, 61 + 3 * b, 62 + 3 * b] for b in range(12)]
-    lengths = [60 * block_size + 5 + 3 * b for b in range(12)]
-    caches = _caches(100 * block_size, head_dim, torch.bfloat16, 7)
-    query = torch.randn(len(lengths), num_heads, head_dim).bfloat16()
-    together = _attend(query, caches, tables, lengths, block_size, 2)
-    for b in (0, 5, 11):
-        alone = _attend(query[b:b + 1], caches, [tables[b]], [lengths[b]], block_size, 2)
-        assert torch.equal(alone[0], together[b])
