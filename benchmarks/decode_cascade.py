@@ -1,9 +1,10 @@
 """One layer's paged decode attention for rows on a shared prefix (a prefix-cache hit: their tables begin with the
 same blocks), where the kernel attends the shared positions once for every row (csrc/attention/decode_cascade.cpp),
 against the same rows over private copies of those blocks (the same values; every row reads its own context, as the
-kernel does without a shared part). Bfloat16 queries and cache; both over the same caches, which stay warm.
+kernel does without a shared part). Bfloat16 queries and cache. With --layers N each call attends the next of N
+layers' caches in turn, as a forward does (30: each layer's K/V comes from memory, not from the last call's cache).
 
-    .venv/bin/python benchmarks/decode_cascade.py [--rows 2,4,8,32] [--context 1056] [--shared-blocks 62]
+    .venv/bin/python benchmarks/decode_cascade.py [--rows 2,4,8,32] [--context 1056] [--shared-blocks 62] [--layers 30]
 """
 
 from __future__ import annotations
@@ -20,21 +21,23 @@ from radixlm.model.kv_cache import LayerCache
 BLOCK_SIZE = 16
 
 
-def median_ms(tables: list[list[int]], lengths: list[int], query: torch.Tensor, layer: LayerCache,
+def median_ms(tables: list[list[int]], lengths: list[int], query: torch.Tensor, layers: list[LayerCache],
               repeats: int) -> tuple[float, torch.Tensor]:
+    """The median ms of one call (each pass over the layers timed whole) and layer 0's output."""
     decode_tables = DecodeTables.build(tables, lengths, BLOCK_SIZE)
     scale = query.shape[-1] ** -0.5
-    out = paged_decode_attention(query, layer, decode_tables, scale, None, None)
+    out = paged_decode_attention(query, layers[0], decode_tables, scale, None, None)
     times = []
-    for _ in range(repeats):
+    for _ in range(max(3, repeats // len(layers))):
         start = time.perf_counter()
-        paged_decode_attention(query, layer, decode_tables, scale, None, None)
-        times.append(time.perf_counter() - start)
+        for layer in layers:
+            paged_decode_attention(query, layer, decode_tables, scale, None, None)
+        times.append((time.perf_counter() - start) / len(layers))
     return statistics.median(times) * 1e3, out
 
 
 def compare(num_rows: int, context: int, shared_blocks: int, heads: tuple[int, int], head_dim: int,
-            repeats: int) -> None:
+            num_layers: int, repeats: int) -> None:
     num_heads, num_kv_heads = heads
     own_blocks = -(-context // BLOCK_SIZE) - shared_blocks
     prefix = list(range(shared_blocks))
@@ -42,15 +45,17 @@ def compare(num_rows: int, context: int, shared_blocks: int, heads: tuple[int, i
     first_copy = shared_blocks + num_rows * own_blocks
     copies = [[first_copy + b * len(table) + i for i in range(len(table))] for b, table in enumerate(shared)]
     num_blocks = first_copy + num_rows * (shared_blocks + own_blocks)
-    caches = [torch.randn(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim).bfloat16() for _ in "kv"]
-    for cache in caches:
-        for table, copy in zip(shared, copies, strict=True):
-            cache[copy] = cache[table]
-    layer = LayerCache(caches[0].flatten(0, 1), caches[1].flatten(0, 1), None, None)
+    layers = []
+    for _ in range(num_layers):
+        caches = [torch.randn(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim).bfloat16() for _ in "kv"]
+        for cache in caches:
+            for table, copy in zip(shared, copies, strict=True):
+                cache[copy] = cache[table]
+        layers.append(LayerCache(caches[0].flatten(0, 1), caches[1].flatten(0, 1), None, None))
     query = torch.randn(num_rows, num_heads, head_dim).bfloat16()
     lengths = [context] * num_rows
-    together_ms, together = median_ms(shared, lengths, query, layer, repeats)
-    apart_ms, apart = median_ms(copies, lengths, query, layer, repeats)
+    together_ms, together = median_ms(shared, lengths, query, layers, repeats)
+    apart_ms, apart = median_ms(copies, lengths, query, layers, repeats)
     difference = (together.float() - apart.float()).abs().max().item()
     print(f"| {num_rows} | {context} | {shared_blocks * BLOCK_SIZE} | {apart_ms:.3f} | {together_ms:.3f} | "
           f"{apart_ms / together_ms:.2f}x | {difference:.4f} |")
@@ -63,16 +68,17 @@ def main() -> None:
     parser.add_argument("--shared-blocks", type=int, default=62, help="blocks of 16 positions the rows share")
     parser.add_argument("--heads", default="9/3", help="query heads / KV heads")
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--layers", type=int, default=1, help="layers' caches attended in turn (30: cold caches)")
+    parser.add_argument("--repeats", type=int, default=60, help="calls timed, over all layers")
     args = parser.parse_args()
     if args.shared_blocks * BLOCK_SIZE >= args.context:
         parser.error("--shared-blocks must leave each row positions of its own")
     heads = tuple(int(n) for n in args.heads.split("/"))
-    print(f"torch threads {torch.get_num_threads()}; ms per call (median of {args.repeats})")
+    print(f"torch threads {torch.get_num_threads()}; ms per call (median), {args.layers} layers in turn")
     print("| rows | context | shared | apart ms | together ms | speed-up | max abs difference |")
     print("|---|---|---|---|---|---|---|")
     for num_rows in (int(n) for n in args.rows.split(",")):
-        compare(num_rows, args.context, args.shared_blocks, heads, args.head_dim, args.repeats)
+        compare(num_rows, args.context, args.shared_blocks, heads, args.head_dim, args.layers, args.repeats)
 
 
 if __name__ == "__main__":

@@ -38,12 +38,12 @@ int64_t common_blocks(const int32_t* a, const int32_t* b, int64_t limit) {
 }
 
 struct Item {
-  int64_t group, head, first, last, cost;  // members first .. last - 1 of the group
+  int64_t group, head, cost;
 };
 
 // Member rows m0 .. m1 - 1 of group g (its packed blocks from `base`) with KV head h and all its query heads: row r
 // of the item is member m0 + r / rep, query head h * rep + r % rep.
-RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const SharedProblem& sp, const Group& g, int64_t base,
+RADIXLM_AVX512_BF16 void attend_members(const Problem& p, const SharedProblem& sp, const Group& g, int64_t base,
                                      Scratch& w, int64_t h, int64_t m0, int64_t m1) {
   using namespace radixlm_prefill;
   const int64_t rows = (m1 - m0) * p.rep, half = p.head_dim / 2, d = p.head_dim;
@@ -86,19 +86,13 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const SharedProblem& sp, 
   }
 }
 
-// Each group's members in runs of at most kMaxRows / rep (split evenly), for each KV head, the costliest first.
+// A work item per group and KV head (it packs that head's blocks, then runs its members through them while they are
+// in its core's cache), the costliest first.
 std::vector<Item> plan_items(const Problem& p, const std::vector<Group>& groups) {
   std::vector<Item> items;
-  const int64_t most = std::max<int64_t>(1, kMaxRows / p.rep);
   for (int64_t i = 0; i < static_cast<int64_t>(groups.size()); ++i) {
-    const int64_t members = static_cast<int64_t>(groups[i].rows.size());
-    const int64_t runs = (members + most - 1) / most, length = (members + runs - 1) / runs;
-    for (int64_t m0 = 0; m0 < members; m0 += length) {
-      const int64_t m1 = std::min(members, m0 + length);
-      for (int64_t h = 0; h < p.num_kv_heads; ++h) {
-        items.push_back({i, h, m0, m1, (m1 - m0) * groups[i].num_keys});
-      }
-    }
+    const int64_t cost = static_cast<int64_t>(groups[i].rows.size()) * groups[i].num_keys;
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) items.push_back({i, h, cost});
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost > b.cost; });
   return items;
@@ -143,48 +137,95 @@ bool shared_part_available(int64_t head_dim) {
   return radixlm::prefill_attention_available() && head_dim % 32 == 0 && head_dim <= 512;
 }
 
-void attend_shared(const SharedProblem& sp, const std::vector<Group>& groups) {
+struct SharedPart::Plan {
+  SharedProblem shared;
+  const std::vector<Group>& groups;
+  Packing src;
+  std::vector<int64_t> bases;  // group g's packed blocks from bases[g]
+  Problem p;
+  std::vector<Item> items;
+  std::unique_ptr<uint32_t[]> kp, vp;  // not zeroed: packing writes every word
+  std::vector<std::unique_ptr<Scratch>> scratch;  // one a thread, made by the thread that uses it
+};
+
+SharedPart::SharedPart(const SharedProblem& sp, const std::vector<Group>& groups, int64_t num_threads) {
   const int64_t d = sp.head_dim, row_stride = sp.num_kv_heads * d;
-  Packing src{{const_cast<uint16_t*>(sp.keys), row_stride, d}, {const_cast<uint16_t*>(sp.values), row_stride, d}, {}};
+  plan_.reset(new Plan{sp, groups,
+                       {{const_cast<uint16_t*>(sp.keys), row_stride, d}, {const_cast<uint16_t*>(sp.values), row_stride, d},
+                        {}},
+                       {}, {}, {}, nullptr, nullptr, {}});
+  Plan& plan = *plan_;
   int64_t total_keys = 0;
   for (const Group& g : groups) total_keys += g.num_keys;
-  src.slots.reserve(total_keys);
-  std::vector<int64_t> bases;
+  plan.src.slots.reserve(total_keys);
   for (const Group& g : groups) {
-    bases.push_back(src.num_groups());
+    plan.bases.push_back(plan.src.num_groups());
     for (int64_t j = 0, block = 0, within = 0; j < g.num_keys; ++j) {  // the table walked without a division a key
-      src.slots.push_back(static_cast<int64_t>(g.blocks[block]) * sp.block_size + within);
+      plan.src.slots.push_back(static_cast<int64_t>(g.blocks[block]) * sp.block_size + within);
       if (++within == sp.block_size) {
         within = 0;
         ++block;
       }
     }
   }
-  const int64_t num_blocks = src.num_groups();
-  Problem p{{nullptr, 0, 0}, {nullptr, 0, 0}, sp.num_kv_heads, sp.rep, d, num_blocks, sp.scale, sp.softcap, 0,
-            sp.tiles, nullptr, nullptr};
-  const std::vector<Item> items = plan_items(p, groups);
+  const int64_t num_blocks = plan.src.num_groups();
+  plan.p = Problem{{nullptr, 0, 0}, {nullptr, 0, 0}, sp.num_kv_heads, sp.rep, d, num_blocks, sp.scale, sp.softcap, 0,
+                   sp.tiles, nullptr, nullptr};
   const int64_t packed_words = num_blocks * sp.num_kv_heads * kKeys * d / 2;
-  const std::unique_ptr<uint32_t[]> kp(new uint32_t[packed_words]), vp(new uint32_t[packed_words]);  // not zeroed
-  p.kp = kp.get();
-  p.vp = vp.get();
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  const int num_threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), num_items));
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
-  {
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < num_blocks * sp.num_kv_heads; ++k) {
-      radixlm_prefill::pack_block(p, src, k % num_blocks, k / num_blocks);
+  plan.kp.reset(new uint32_t[packed_words]);
+  plan.vp.reset(new uint32_t[packed_words]);
+  plan.p.kp = plan.kp.get();
+  plan.p.vp = plan.vp.get();
+  plan.items = plan_items(plan.p, groups);
+  plan.scratch.resize(num_threads);
+}
+
+SharedPart::~SharedPart() = default;
+
+int64_t SharedPart::num_items() const { return static_cast<int64_t>(plan_->items.size()); }
+
+void SharedPart::begin_items(int64_t thread) const {
+  const Problem& p = plan_->p;
+  // + 1: its arrays off 4 KiB multiples.
+  if (!plan_->scratch[thread]) plan_->scratch[thread].reset(new Scratch((std::max(kMaxRows, p.rep) + 15) / 16 * 16 + 1,
+                                                                       p.head_dim));
+  if (p.tiles) radixlm::amx::configure_tiles();
+}
+
+void SharedPart::attend(int64_t k, int64_t thread) const {
+  const Plan& plan = *plan_;
+  const Item& item = plan.items[k];
+  const Group& g = plan.groups[item.group];
+  const int64_t first_block = plan.bases[item.group], num_blocks = g.num_keys / kKeys;
+  // The rows of a block are scattered over the cache, where the hardware's stride prefetchers do not find them:
+  // packing them cold waited on memory row by row. Each block's rows are asked for while the one before is packed.
+  const auto prefetch_block = [&](int64_t b) {
+    const int64_t* slots = plan.src.slots.data() + b * kKeys;
+    for (int64_t c = 0; c < kKeys; ++c) {
+      const char* key = reinterpret_cast<const char*>(plan.src.k.at(slots[c], item.head));
+      const char* value = reinterpret_cast<const char*>(plan.src.v.at(slots[c], item.head));
+      for (int64_t offset = 0; offset < plan.p.head_dim * 2; offset += 64) {
+        _mm_prefetch(key + offset, _MM_HINT_T0);
+        _mm_prefetch(value + offset, _MM_HINT_T0);
+      }
     }
-    Scratch scratch((std::max(kMaxRows, p.rep) + 15) / 16 * 16 + 1, d);  // + 1: arrays off 4 KiB multiples
-    if (p.tiles) radixlm::amx::configure_tiles();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < num_items; ++k) {
-      const Item& item = items[k];
-      attend_item(p, sp, groups[item.group], bases[item.group], scratch, item.head, item.first, item.last);
-    }
-    if (p.tiles) radixlm::amx::release_tiles();
+  };
+  prefetch_block(first_block);
+  for (int64_t b = first_block; b < first_block + num_blocks; ++b) {
+    if (b + 1 < first_block + num_blocks) prefetch_block(b + 1);
+    radixlm_prefill::pack_block(plan.p, plan.src, b, item.head);
   }
+  // Members in runs of at most kMaxRows / rep query rows, split evenly.
+  const int64_t members = static_cast<int64_t>(g.rows.size()), most = std::max<int64_t>(1, kMaxRows / plan.p.rep);
+  const int64_t runs = (members + most - 1) / most, length = (members + runs - 1) / runs;
+  for (int64_t m0 = 0; m0 < members; m0 += length) {
+    attend_members(plan.p, plan.shared, g, first_block, *plan.scratch[thread], item.head, m0,
+                   std::min(members, m0 + length));
+  }
+}
+
+void SharedPart::end_items() const {
+  if (plan_->p.tiles) radixlm::amx::release_tiles();
 }
 
 }  // namespace radixlm_cascade

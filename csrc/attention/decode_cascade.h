@@ -8,16 +8,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace radixlm_cascade {
 
-// What a group must share for the shared part to pay; smaller ones are left to the decode items. Its cost is mostly
-// fixed (packing the keys, a fork): 32 rows over a shared 960 of 1,056 positions took 0.28 ms a layer against 1.11
-// for the decode items alone, 8 rows 0.13 against 0.28, 4 rows 0.11 against 0.12, 2 rows 0.09 against 0.05 (this
-// Xeon, caches warm; benchmarks/decode_cascade.py).
+// What a group must share for the shared part to pay; smaller ones are left to the decode items. Measured for the
+// rows: one layer's call with cold caches (a forward's 30 layers in turn), 9/3 heads of 64 on this Xeon, rows over a
+// shared 992 of 1,056 positions, against the same call in a build with the part off: 2 rows 0.109 against 0.070 ms,
+// 3 rows 0.079 against 0.091, 4 rows 0.081 against 0.111; 4 prefixes of 2 rows each 0.371 against 0.286, of 4 rows
+// 0.421 against 0.499. The positions' minimum (four packed blocks) is a choice, not a measurement.
 constexpr int64_t kMinSharedKeys = 256;
-constexpr int64_t kMinRows = 4;
+constexpr int64_t kMinRows = 3;
 
 // Rows of a step whose contexts share their first `num_keys` positions (a multiple of 64, the packed blocks' keys):
 // the same cache blocks, `blocks` being one member's table from its offset.
@@ -50,10 +52,29 @@ struct SharedProblem {
   const int64_t* record_offsets;
 };
 
-// Whether this CPU runs attend_shared (AVX-512 BF16) for a head size (a multiple of 32).
+// Whether this CPU runs the shared part (AVX-512 BF16) for a head size (a multiple of 32).
 bool shared_part_available(int64_t head_dim);
 
-// Every group's shared positions attended by every member row, one partial record per (row, query head).
-void attend_shared(const SharedProblem& p, const std::vector<Group>& groups);
+// Every group's shared positions attended by every member row, one partial record per (row, query head), as work
+// items the decode kernel's threads take beside its own: an item per group and KV head, which packs that head's
+// shared keys into the pair layouts (key_packing.h) and runs the member rows through them while they are in its
+// core's cache. Each thread that runs items calls begin_items first (its scratch, the tiles' configuration) and
+// end_items after.
+class SharedPart {
+ public:
+  SharedPart(const SharedProblem& p, const std::vector<Group>& groups, int64_t num_threads);
+  ~SharedPart();
+  SharedPart(const SharedPart&) = delete;
+  SharedPart& operator=(const SharedPart&) = delete;
+
+  int64_t num_items() const;
+  void begin_items(int64_t thread) const;
+  void attend(int64_t k, int64_t thread) const;
+  void end_items() const;
+
+ private:
+  struct Plan;
+  std::unique_ptr<Plan> plan_;
+};
 
 }  // namespace radixlm_cascade

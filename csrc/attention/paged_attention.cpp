@@ -73,14 +73,11 @@ std::vector<radixlm_cascade::Group> plan_shared(const Problem& p, int64_t batch,
 }
 
 template <typename scalar_t>
-void attend_shared(const Problem& p, const std::vector<radixlm_cascade::Group>& groups, const scalar_t* keys,
-                   const scalar_t* values) {
-  const radixlm_cascade::SharedProblem shared{
-      static_cast<const uint16_t*>(p.query), p.query_stride_b, p.query_stride_h,
-      reinterpret_cast<const uint16_t*>(keys), reinterpret_cast<const uint16_t*>(values), p.num_kv_heads,
-      p.num_heads / p.num_kv_heads, p.head_dim, p.block_size, p.scale, p.softcap, radixlm::amx_bf16_available(),
-      p.partials, p.partial_offsets};
-  radixlm_cascade::attend_shared(shared, groups);
+radixlm_cascade::SharedProblem shared_problem(const Problem& p, const scalar_t* keys, const scalar_t* values) {
+  return {static_cast<const uint16_t*>(p.query), p.query_stride_b, p.query_stride_h,
+          reinterpret_cast<const uint16_t*>(keys), reinterpret_cast<const uint16_t*>(values), p.num_kv_heads,
+          p.num_heads / p.num_kv_heads, p.head_dim, p.block_size, p.scale, p.softcap, radixlm::amx_bf16_available(),
+          p.partials, p.partial_offsets};
 }
 
 template <typename scalar_t, int64_t kD>
@@ -120,22 +117,35 @@ void run(Problem p, scalar_t* keys, scalar_t* values, int64_t batch, int64_t num
     }
     p.writes_own_row = writes_own_row.data();
   }
-  if (!groups.empty()) attend_shared(p, groups, keys, values);
+  std::unique_ptr<radixlm_cascade::SharedPart> shared;
+  int64_t num_shared = 0;
+  if (!groups.empty()) {  // its items start after the writes above: they pack from the cache
+    shared.reset(new radixlm_cascade::SharedPart(shared_problem(p, keys, values), groups, at::get_num_threads()));
+    num_shared = shared->num_items();
+  }
+  const int64_t region_threads = num_shared > 0 ? at::get_num_threads() : num_threads;
   // Dynamic scheduling: contexts differ in length, so equal static shares would leave a thread idle.
-#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+#pragma omp parallel num_threads(region_threads) if (region_threads > 1)
   {
     std::vector<float> scratch;
     // Every other thread staggers its first item, so that the threads' streaming and arithmetic alternate rather
     // than coincide: while one computes from cache, the other has the memory to itself. Items of equal size keep the
     // offset. 64 x 256 positions: 1.06-1.10x -> 1.03-1.06x the read of the same bytes; 64 x 1,024: 1.22x -> 1.14x.
     bool stagger = omp_get_thread_num() % 2 == 1;
+    if (num_shared > 0) shared->begin_items(omp_get_thread_num());
+    // The shared part's items first (the costliest), then the decode items.
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t k = 0; k < num_items; ++k) {
-      const Item& item = items[k];
+    for (int64_t k = 0; k < num_shared + num_items; ++k) {
+      if (k < num_shared) {
+        shared->attend(k, omp_get_thread_num());
+        continue;
+      }
+      const Item& item = items[k - num_shared];
       attend_rows<scalar_t, kD>(p, keys, values, item.row, item.num_rows, item.h0, item.h1, item.split, stagger,
                                 scratch);
       stagger = false;
     }
+    if (num_shared > 0) shared->end_items();
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < num_merged; ++k) merge_splits(p, merged_rows[k]);
   }
