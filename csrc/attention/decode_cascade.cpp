@@ -1,7 +1,8 @@
 // The shared-prefix part of the paged decode kernel: see decode_cascade.h. A group's shared positions are packed per
-// KV head into the prefill kernel's 64-key blocks once (key_packing.h), then each work item takes up to 64 query rows
-// (member rows times the query heads of one KV head) through every block with prefill_blocks.h's steps: scores,
-// online softmax and values, on AMX tiles where the CPU has them. No mask: every member sees every shared position.
+// KV head into the prefill kernel's 64-key blocks once (key_packing.h), then its member rows go through every block,
+// up to 64 query rows at a time (members times the query heads of one KV head), with prefill_blocks.h's AMX steps:
+// scores, online softmax and values. No mask: every member sees every shared position. AMX only: on CPUs with AVX-512
+// BF16 and no AMX the prefill kernel's dot-product steps could serve, unmeasured there so far (docs/followups.md).
 #include "decode_cascade.h"
 
 #include <omp.h>
@@ -17,7 +18,6 @@
 #include "../amx_tiles.h"
 #include "../linear/amx_bf16.h"
 #include "key_packing.h"
-#include "prefill_attention.h"
 #include "prefill_blocks.h"
 
 namespace radixlm_cascade {
@@ -43,7 +43,7 @@ struct Item {
 
 // Member rows m0 .. m1 - 1 of group g (its packed blocks from `base`) with KV head h and all its query heads: row r
 // of the item is member m0 + r / rep, query head h * rep + r % rep.
-RADIXLM_AVX512_BF16 void attend_members(const Problem& p, const SharedProblem& sp, const Group& g, int64_t base,
+RADIXLM_AMX void attend_members(const Problem& p, const SharedProblem& sp, const Group& g, int64_t base,
                                      Scratch& w, int64_t h, int64_t m0, int64_t m1) {
   using namespace radixlm_prefill;
   const int64_t rows = (m1 - m0) * p.rep, half = p.head_dim / 2, d = p.head_dim;
@@ -53,7 +53,7 @@ RADIXLM_AVX512_BF16 void attend_members(const Problem& p, const SharedProblem& s
     std::memcpy(w.q.data() + r * half, q, d * 2);
   }
   const int64_t tile_rows = (rows + 15) / 16 * 16;  // the tiles' row groups: the rows past `rows` score zeros
-  if (p.tiles) std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
+  std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
   std::fill_n(w.out.begin(), rows * d, 0.f);
   std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
   std::fill_n(w.sum.begin(), rows * 16, 0.f);
@@ -61,21 +61,12 @@ RADIXLM_AVX512_BF16 void attend_members(const Problem& p, const SharedProblem& s
   for (int64_t b = 0; b < g.num_keys / kKeys; ++b) {
     const uint32_t* kblock = p.key_block(base + b, h);
     const uint32_t* vblock = p.value_block(base + b, h);
-    if (p.tiles) {
-      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        const int64_t end = std::min(rows, r0 + 16);
-        amx_group_scores(p, w, r0, kblock);
-        for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, last_key, b);
-        amx_group_values(p, w, r0, end, vblock);
-      }
-      continue;
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {  // a row group through all three steps: its scratch stays in L1
+      const int64_t end = std::min(rows, r0 + 16);
+      amx_group_scores(p, w, r0, kblock);
+      for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, last_key, b);
+      amx_group_values(p, w, r0, end, vblock);
     }
-    int64_t r0 = 0;
-    for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
-    for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
-    for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, last_key, b);
-    for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
-    for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t head = h * p.rep + r % p.rep;
@@ -134,7 +125,7 @@ std::vector<Group> find_groups(const int32_t* table, const int32_t* offsets, con
 }
 
 bool shared_part_available(int64_t head_dim) {
-  return radixlm::prefill_attention_available() && head_dim % 32 == 0 && head_dim <= 512;
+  return radixlm::amx_bf16_available() && head_dim % 32 == 0 && head_dim <= 512;
 }
 
 struct SharedPart::Plan {
@@ -170,7 +161,7 @@ SharedPart::SharedPart(const SharedProblem& sp, const std::vector<Group>& groups
   }
   const int64_t num_blocks = plan.src.num_groups();
   plan.p = Problem{{nullptr, 0, 0}, {nullptr, 0, 0}, sp.num_kv_heads, sp.rep, d, num_blocks, sp.scale, sp.softcap, 0,
-                   sp.tiles, nullptr, nullptr};
+                   true, nullptr, nullptr};
   const int64_t packed_words = num_blocks * sp.num_kv_heads * kKeys * d / 2;
   plan.kp.reset(new uint32_t[packed_words]);
   plan.vp.reset(new uint32_t[packed_words]);
@@ -189,7 +180,7 @@ void SharedPart::begin_items(int64_t thread) const {
   // + 1: its arrays off 4 KiB multiples.
   if (!plan_->scratch[thread]) plan_->scratch[thread].reset(new Scratch((std::max(kMaxRows, p.rep) + 15) / 16 * 16 + 1,
                                                                        p.head_dim));
-  if (p.tiles) radixlm::amx::configure_tiles();
+  radixlm::amx::configure_tiles();
 }
 
 void SharedPart::attend(int64_t k, int64_t thread) const {
@@ -224,8 +215,6 @@ void SharedPart::attend(int64_t k, int64_t thread) const {
   }
 }
 
-void SharedPart::end_items() const {
-  if (plan_->p.tiles) radixlm::amx::release_tiles();
-}
+void SharedPart::end_items() const { radixlm::amx::release_tiles(); }
 
 }  // namespace radixlm_cascade

@@ -47,12 +47,11 @@ struct SharedProblem {
   const uint16_t* values;
   int64_t num_kv_heads, rep, head_dim, block_size;
   float scale, softcap;
-  bool tiles;  // the products on AMX-BF16 tiles (head_dim a multiple of 32), else AVX-512's bfloat16 dot product
   float* partials;
   const int64_t* record_offsets;
 };
 
-// Whether this CPU runs the shared part (AVX-512 BF16) for a head size (a multiple of 32).
+// Whether this CPU runs the shared part (AMX-BF16, allowed by the OS) for a head size (a multiple of 32).
 bool shared_part_available(int64_t head_dim);
 
 // Every group's shared positions attended by every member row, one partial record per (row, query head), as work

@@ -38,7 +38,6 @@
 #include "attention_plan.h"
 #include "attention_softmax.h"
 #include "decode_cascade.h"
-#include "../linear/amx_bf16.h"
 #include "paged_attention.h"
 
 namespace {
@@ -53,7 +52,7 @@ std::vector<uint8_t> lone_rows(const Problem& p, int64_t batch) {
 }
 
 // The groups whose shared positions attend_shared takes (decode_cascade.h), with `shared_lens` filled for their
-// rows; none where the kernel does not serve this call (bfloat16 query and cache on AVX-512 BF16, no window).
+// rows; none where the kernel does not serve this call (bfloat16 query and cache on AMX, no window).
 template <typename scalar_t, int64_t kD>
 std::vector<radixlm_cascade::Group> plan_shared(const Problem& p, int64_t batch, std::vector<int32_t>& shared_lens) {
   if constexpr (!std::is_same_v<scalar_t, at::BFloat16> || kD <= 0) {
@@ -76,8 +75,8 @@ template <typename scalar_t>
 radixlm_cascade::SharedProblem shared_problem(const Problem& p, const scalar_t* keys, const scalar_t* values) {
   return {static_cast<const uint16_t*>(p.query), p.query_stride_b, p.query_stride_h,
           reinterpret_cast<const uint16_t*>(keys), reinterpret_cast<const uint16_t*>(values), p.num_kv_heads,
-          p.num_heads / p.num_kv_heads, p.head_dim, p.block_size, p.scale, p.softcap, radixlm::amx_bf16_available(),
-          p.partials, p.partial_offsets};
+          p.num_heads / p.num_kv_heads, p.head_dim, p.block_size, p.scale, p.softcap, p.partials,
+          p.partial_offsets};
 }
 
 template <typename scalar_t, int64_t kD>

@@ -1,6 +1,6 @@
 """The decode kernel's shared-prefix part (csrc/attention/decode_cascade.cpp): over a bfloat16 cache, decoding rows
-whose tables begin with the same blocks attend those positions together (AMX tiles or AVX-512's bfloat16 dot
-product) and their own positions apart. Each row's output stays within bfloat16's precision of the float32 path,
+whose tables begin with the same blocks attend those positions together (on AMX tiles) and their own positions
+apart. Each row's output stays within bfloat16's precision of the float32 path,
 whatever the groups; rows the part does not take (a short common prefix, a verification's rows, a sliding window)
 keep exactly the numbers they get alone."""
 
@@ -11,7 +11,7 @@ import torch
 
 from radixlm.model.attention.cpp_backend import DecodeTables, paged_decode_attention
 from radixlm.model.attention.kv_write import write_kv
-from radixlm.model.attention.prefill_kernel import prefill_kernel_available
+from radixlm.model.attention.prefill_kernel import prefill_tiles_available
 from radixlm.model.ops import extension_error
 from tests.unit.test_decode_kernel import _layer
 
@@ -73,7 +73,7 @@ def _caches(num_blocks: int, head_dim: int, seed: int) -> list[torch.Tensor]:
             for _ in range(2)]
 
 
-@pytest.mark.skipif(not prefill_kernel_available(), reason="the shared part needs AVX-512 BF16")
+@pytest.mark.skipif(not prefill_tiles_available(), reason="the shared part needs AMX-BF16")
 @pytest.mark.parametrize("num_threads", [1, 2])
 @pytest.mark.parametrize(("head_dim", "rep", "softcap"), [(64, 3, None), (128, 4, None), (64, 1, 30.0),
                                                           (128, 8, None)])
@@ -104,7 +104,7 @@ def test_rows_on_shared_prefixes_stay_within_bfloat16_precision(head_dim, rep, s
     assert torch.equal(alone, out[verification])
 
 
-@pytest.mark.skipif(not prefill_kernel_available(), reason="the shared part needs AVX-512 BF16")
+@pytest.mark.skipif(not prefill_tiles_available(), reason="the shared part needs AMX-BF16")
 def test_a_group_gets_the_same_numbers_on_any_thread_count_and_row_order():
     """A row's numbers depend on its group's shared prefix, not on the threads or where the rows sit in the batch."""
     blocks = _Blocks()
