@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../transpose16.h"
 #include "prefill_blocks.h"
 
 namespace radixlm_prefill {
@@ -44,38 +45,12 @@ inline void pack_block_scalar(const Problem& p, const Packing& src, int64_t g, i
   }
 }
 
-// r[j] = word j of the 16 input rows (a 16 x 16 transpose of 32-bit words): pairs of rows interleaved by words, then by
-// word pairs, which leaves each 128-bit lane l of u[4q + e] holding word 4l + e of rows 4q .. 4q + 3; the lanes are
-// then transposed 4 x 4.
-RADIXLM_AVX512_BF16 inline void transpose_words(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-  }
-  for (int q = 0; q < 4; ++q) {
-    u[4 * q] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-    u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-    u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-    u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-  }
-  for (int e = 0; e < 4; ++e) {
-    const __m512i x0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x44), x1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xEE);
-    const __m512i x2 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x44);
-    const __m512i x3 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xEE);
-    r[e] = _mm512_shuffle_i32x4(x0, x2, 0x88);
-    r[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
-    r[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
-    r[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
-  }
-}
-
 // 32 bfloat16 from `row`, zeros for a missing one (a position past the context).
 RADIXLM_AVX512_BF16 inline __m512i load(const uint16_t* row) {
   return row != nullptr ? _mm512_loadu_si512(row) : _mm512_setzero_si512();
 }
 
-// pack_block_scalar's words for a head size that is a multiple of 32, 16 keys' words at a time through transpose_words
+// pack_block_scalar's words for a head size that is a multiple of 32, 16 keys' words at a time through transpose16
 // and two values' rows interleaved by unpacking: the same words, about a third of the instructions (packing was most
 // of the decode kernel's shared part).
 RADIXLM_AVX512_BF16 inline void pack_block_avx512(const Problem& p, const Packing& src, int64_t g, int64_t h) {
@@ -85,10 +60,12 @@ RADIXLM_AVX512_BF16 inline void pack_block_avx512(const Problem& p, const Packin
   const int64_t* slots = src.slots.data() + g * kKeys;
   for (int64_t c0 = 0; c0 < kKeys; c0 += 16) {
     for (int64_t i0 = 0; i0 < half; i0 += 16) {
-      __m512i r[16];
-      for (int c = 0; c < 16; ++c) r[c] = load(slots[c0 + c] >= 0 ? src.k.at(slots[c0 + c], h) + 2 * i0 : nullptr);
-      transpose_words(r);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(kdst + (i0 + j) * kKeys + c0, r[j]);
+      __m512 r[16];  // 32-bit words, moved as floats
+      for (int c = 0; c < 16; ++c) {
+        r[c] = _mm512_castsi512_ps(load(slots[c0 + c] >= 0 ? src.k.at(slots[c0 + c], h) + 2 * i0 : nullptr));
+      }
+      radixlm::transpose16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kdst + (i0 + j) * kKeys + c0, r[j]);
     }
   }
   const __m512i first_half = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);

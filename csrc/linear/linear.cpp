@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "kernel_checks.h"
+#include "transpose16.h"
 #include "vec16.h"
 
 // GCC 12 reports the undefined pass-through operands inside its own AVX-512 intrinsics (the shuffles of lane_sums) as
@@ -53,32 +54,11 @@ using radixlm_vec::v16f;
 inline void lane_sums(const v16f* acc, int64_t count, float* sums) {
 #if RADIXLM_BUILD_AVX512
   for (int64_t i0 = 0; i0 < count; i0 += 16) {
-    __m512 r[16], t[16];
+    __m512 r[16];
     for (int i = 0; i < 16; ++i) r[i] = reinterpret_cast<const __m512&>(acc[i0 + i]);
-    for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
-      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int g = 0; g < 16; g += 4) {  // r[g + e]'s 128-bit lane L: column 4L + e of rows g .. g + 3
-      const __m512d a = _mm512_castps_pd(t[g]), b = _mm512_castps_pd(t[g + 1]);
-      const __m512d c = _mm512_castps_pd(t[g + 2]), d = _mm512_castps_pd(t[g + 3]);
-      r[g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-      r[g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-      r[g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-      r[g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    __m512 columns[16];
-    for (int e = 0; e < 4; ++e) {  // a 4 x 4 transpose of 128-bit lanes: column 4L + e of all 16 rows
-      const __m512 s0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x44), s1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xEE);
-      const __m512 s2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x44);
-      const __m512 s3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xEE);
-      columns[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
-      columns[4 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
-      columns[8 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
-      columns[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
-    }
+    radixlm::transpose16(r);  // r[c]: lane c of the 16 accumulators
     __m512 s = _mm512_setzero_ps();
-    for (int c = 0; c < 16; ++c) s = _mm512_add_ps(s, columns[c]);
+    for (int c = 0; c < 16; ++c) s = _mm512_add_ps(s, r[c]);
     _mm512_storeu_ps(sums + i0, s);
   }
 #else
