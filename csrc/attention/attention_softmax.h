@@ -1,5 +1,6 @@
 // The softmax phase of the paged decode kernel (paged_attention.cpp): the online softmax of a tile (exp from
-// exp_nonpositive.h), and the merge of a context's splits. Included by that file only; the namespace keeps these names to it.
+// exp_nonpositive.h), and the merge of a row's partial records. Included by that file only; the namespace keeps these
+// names to it.
 
 #pragma once
 

@@ -28,6 +28,7 @@ using radixlm_prefill::kKeys;
 using radixlm_prefill::kMaxRows;
 using radixlm_prefill::Packing;
 using radixlm_prefill::Problem;
+using radixlm_prefill::Rows;
 using radixlm_prefill::Scratch;
 
 // Blocks that row b's table shares with the leader's, from the start, up to `limit`.
@@ -141,10 +142,9 @@ struct SharedPart::Plan {
 
 SharedPart::SharedPart(const SharedProblem& sp, const std::vector<Group>& groups, int64_t num_threads) {
   const int64_t d = sp.head_dim, row_stride = sp.num_kv_heads * d;
-  plan_.reset(new Plan{sp, groups,
-                       {{const_cast<uint16_t*>(sp.keys), row_stride, d}, {const_cast<uint16_t*>(sp.values), row_stride, d},
-                        {}},
-                       {}, {}, {}, nullptr, nullptr, {}});
+  const Rows keys{const_cast<uint16_t*>(sp.keys), row_stride, d};
+  const Rows values{const_cast<uint16_t*>(sp.values), row_stride, d};
+  plan_.reset(new Plan{sp, groups, {keys, values, {}}, {}, {}, {}, nullptr, nullptr, {}});
   Plan& plan = *plan_;
   int64_t total_keys = 0;
   for (const Group& g : groups) total_keys += g.num_keys;

@@ -7,8 +7,8 @@
 // all the query heads and rows that share it (GQA, verification) and the softmax is computed online in one pass
 // over the context, tile by tile; contexts longer than kSplitPositions are cut at fixed positions into splits of
 // their own, merged after. Storage may be float32, bfloat16 or int8 (with a float16 scale per position and KV head,
-// applied to the tile's scores and weights: attention_item.h's scale_tile); arithmetic is float32. The inner loops are plain C++
-// (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
+// applied to the tile's scores and weights: attention_item.h's scale_tile); arithmetic is float32. The inner loops
+// are plain C++ (GCC vector types and AVX-512 where the host has it) that -O3 vectorises.
 //
 // Given the step's new K/V rows, the op writes them into the caches first (one call per layer instead of two): a
 // plain decode's own items write its row right after streaming in the block that holds it, so the stores find their
