@@ -60,12 +60,10 @@ RADIXLM_AVX512_BF16 inline void pack_block_avx512(const Problem& p, const Packin
   const int64_t* slots = src.slots.data() + g * kKeys;
   for (int64_t c0 = 0; c0 < kKeys; c0 += 16) {
     for (int64_t i0 = 0; i0 < half; i0 += 16) {
-      __m512 r[16];  // 32-bit words, moved as floats
-      for (int c = 0; c < 16; ++c) {
-        r[c] = _mm512_castsi512_ps(load(slots[c0 + c] >= 0 ? src.k.at(slots[c0 + c], h) + 2 * i0 : nullptr));
-      }
+      __m512i r[16];
+      for (int c = 0; c < 16; ++c) r[c] = load(slots[c0 + c] >= 0 ? src.k.at(slots[c0 + c], h) + 2 * i0 : nullptr);
       radixlm::transpose16(r);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kdst + (i0 + j) * kKeys + c0, r[j]);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(kdst + (i0 + j) * kKeys + c0, r[j]);
     }
   }
   const __m512i first_half = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);

@@ -27,6 +27,7 @@
 #include "../amx_tiles.h"
 #include "../isa.h"
 #include "../kernel_checks.h"
+#include "../transpose16.h"
 
 namespace {
 
@@ -49,30 +50,7 @@ bool cpu_has_amx_bf16() {
 using radixlm::amx::configure_tiles;
 using radixlm::amx::release_tiles;
 
-// r[i] holds row i of a 16 x 16 matrix of 32-bit words; afterwards r[j] holds its column j.
-RADIXLM_AMX inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: rows 2i and 2i+1 interleaved by word
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + j], lane L: column 4L + j of rows 4i..4i+3
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 2; ++i) {  // t[8i + j], lanes: columns j, 8 + j of rows 8i..8i+3, then of rows 8i+4..8i+7
-    for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-    }
-  }
-  for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
-  }
-}
+using radixlm::transpose16;  // transpose16.h
 
 // One group's 32 x 32 block (features x rows) of x's rows [32 * pass, +32), into c (stride 32 floats). kBoth:
 // rows 16-31 exist. `x_pairs` is the pass's interleaved rows: K / 2 lines of 32 pairs.
