@@ -53,21 +53,10 @@ RADIXLM_AMX void attend_members(const Problem& p, const SharedProblem& sp, const
                                                                                    sp.query_stride_h;
     std::memcpy(w.q.data() + r * half, q, d * 2);
   }
-  const int64_t tile_rows = (rows + 15) / 16 * 16;  // the tiles' row groups: the rows past `rows` score zeros
-  std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
-  std::fill_n(w.out.begin(), rows * d, 0.f);
-  std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.sum.begin(), rows * 16, 0.f);
-  const int64_t last_key = g.num_keys - 1;  // every block whole: no mask
+  begin_rows(p, w, rows);
+  const auto last_key = [&](int64_t) { return g.num_keys - 1; };  // every row sees every block whole: no mask
   for (int64_t b = 0; b < g.num_keys / kKeys; ++b) {
-    const uint32_t* kblock = p.key_block(base + b, h);
-    const uint32_t* vblock = p.value_block(base + b, h);
-    for (int64_t r0 = 0; r0 < rows; r0 += 16) {  // a row group through all three steps: its scratch stays in L1
-      const int64_t end = std::min(rows, r0 + 16);
-      amx_group_scores(p, w, r0, kblock);
-      for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, last_key, b);
-      amx_group_values(p, w, r0, end, vblock);
-    }
+    amx_block(p, w, rows, b, p.key_block(base + b, h), p.value_block(base + b, h), last_key);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t head = h * p.rep + r % p.rep;

@@ -61,28 +61,20 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(w.q.data() + r * half, p.q.at(s.first_row + t0 + r / p.rep, h * p.rep + r % p.rep), p.head_dim * 2);
   }
-  const int64_t tile_rows = (rows + 15) / 16 * 16;  // the tiles' row groups: the rows past `rows` score zeros
-  if (p.tiles) std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
-  std::fill_n(w.out.begin(), rows * p.head_dim, 0.f);
-  std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(w.sum.begin(), rows * 16, 0.f);
+  begin_rows(p, w, rows);
+  const auto position = [&](int64_t r) { return offset + t0 + r / p.rep; };
   const int64_t first = p.first_key(offset + t0) / kKeys, last = (offset + t1 - 1) / kKeys;
   for (int64_t b = first; b <= last; ++b) {
     const uint32_t* kblock = p.key_block(s.groups[b], h);
     const uint32_t* vblock = p.value_block(s.groups[b], h);
-    if (p.tiles) {  // a row group through all three steps before the next: its scratch stays in L1
-      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-        const int64_t end = std::min(rows, r0 + 16);
-        amx_group_scores(p, w, r0, kblock);
-        for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, offset + t0 + r / p.rep, b);
-        amx_group_values(p, w, r0, end, vblock);
-      }
+    if (p.tiles) {
+      amx_block(p, w, rows, b, kblock, vblock, position);
       continue;
     }
     int64_t r0 = 0;
     for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
     for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
-    for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, offset + t0 + r / p.rep, b);
+    for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, position(r), b);
     for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
     for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
   }

@@ -281,6 +281,29 @@ RADIXLM_AMX inline void amx_group_values(const Problem& p, Scratch& w, int64_t r
   }
 }
 
+// Readies w for an item's `rows` query rows, already in w.q: the tiles' padding rows (to the next 16) scored as zeros,
+// the outputs, maxima and sums cleared.
+inline void begin_rows(const Problem& p, Scratch& w, int64_t rows) {
+  const int64_t half = p.head_dim / 2, tile_rows = (rows + 15) / 16 * 16;
+  if (p.tiles) std::fill(w.q.data() + rows * half, w.q.data() + tile_rows * half, 0u);
+  std::fill_n(w.out.begin(), rows * p.head_dim, 0.f);
+  std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(w.sum.begin(), rows * 16, 0.f);
+}
+
+// Key block b (its packed keys and values) against the item's `rows` rows on the tiles, each 16-row group through
+// scores, softmax and values before the next, so that its scratch stays in L1; row r sits at position(r).
+template <typename Position>
+RADIXLM_AMX inline void amx_block(const Problem& p, Scratch& w, int64_t rows, int64_t b, const uint32_t* kblock,
+                                  const uint32_t* vblock, Position position) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const int64_t end = std::min(rows, r0 + 16);
+    amx_group_scores(p, w, r0, kblock);
+    for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, position(r), b);
+    amx_group_values(p, w, r0, end, vblock);
+  }
+}
+
 }  // namespace
 
 }  // namespace radixlm_prefill
