@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.model.attention.cpp_backend import DecodeTables, paged_decode_attention
 from radixlm.model.attention.kv_write import write_kv
 from radixlm.model.attention.prefill_kernel import prefill_tiles_available
 from radixlm.model.ops import extension_error
 from tests.unit.test_decode_kernel import _layer
+from tests.unit.test_decode_kernel_bf16 import _attend as attend_with_threads
 
 pytestmark = pytest.mark.skipif(extension_error() is not None,
                                 reason=f"radixlm._C is not built (scripts/install.sh): {extension_error()}")
@@ -36,13 +36,8 @@ class _Blocks:
 def _attend(query: torch.Tensor, caches: list[torch.Tensor], tables: list[list[int]], lengths: list[int],
             num_threads: int = 2, sliding_window: int | None = None, softcap: float | None = None,
             new_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        return paged_decode_attention(query, _layer(caches), DecodeTables.build(tables, lengths, BLOCK_SIZE),
-                                      query.shape[-1] ** -0.5, sliding_window, softcap, new_rows)
-    finally:
-        torch.set_num_threads(previous)
+    return attend_with_threads(query, caches, tables, lengths, BLOCK_SIZE, num_threads, sliding_window, softcap,
+                               new_rows)
 
 
 def _step(blocks: _Blocks) -> tuple[list[list[int]], list[int]]:

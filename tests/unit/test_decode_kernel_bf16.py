@@ -26,12 +26,14 @@ def _caches(num_slots: int, head_dim: int, kv_dtype: torch.dtype, seed: int) -> 
 
 def _attend(query: torch.Tensor, caches: list[torch.Tensor], tables: list[list[int]], lengths: list[int],
             block_size: int, num_threads: int = 2, sliding_window: int | None = None,
-            softcap: float | None = None) -> torch.Tensor:
+            softcap: float | None = None,
+            new_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The kernel on `num_threads` threads (given `new_rows`, (slot_mapping, keys, values), it writes them first)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
         return paged_decode_attention(query, _layer(caches), DecodeTables.build(tables, lengths, block_size),
-                                      query.shape[-1] ** -0.5, sliding_window, softcap)
+                                      query.shape[-1] ** -0.5, sliding_window, softcap, new_rows)
     finally:
         torch.set_num_threads(previous)
 
