@@ -61,6 +61,34 @@ def compare(num_rows: int, context: int, shared_blocks: int, heads: tuple[int, i
           f"{apart_ms / together_ms:.2f}x | {difference:.4f} |")
 
 
+MAX_ROWS = 1024
+MAX_CACHE_BYTES = 8 << 30  # every layer's caches, copies included
+
+
+def parse_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], tuple[int, int]]:
+    """The row counts and (query heads, KV heads), every argument checked (parser.error names the bad one)."""
+    try:
+        row_counts = [int(n) for n in args.rows.split(",")]
+        num_heads, num_kv_heads = (int(n) for n in args.heads.split("/"))
+    except ValueError:
+        parser.error("--rows takes comma-separated integers and --heads QUERY/KV integers")
+    if not all(1 <= n <= MAX_ROWS for n in row_counts):
+        parser.error(f"--rows must each be in [1, {MAX_ROWS}]")
+    if num_kv_heads < 1 or num_heads < num_kv_heads or num_heads % num_kv_heads:
+        parser.error("--heads: query heads must be a positive multiple of the KV heads")
+    if args.head_dim < 16 or args.head_dim > 512 or args.head_dim % 16:
+        parser.error("--head-dim must be a multiple of 16 in [16, 512]")
+    if not 1 <= args.layers <= 256 or args.repeats < 1:
+        parser.error("--layers must be in [1, 256] and --repeats at least 1")
+    if args.shared_blocks < 0 or not args.shared_blocks * BLOCK_SIZE < args.context <= 1 << 20:
+        parser.error("--shared-blocks must leave each row positions of its own (and --context at most 2^20)")
+    blocks = -(-args.context // BLOCK_SIZE)
+    cache_bytes = args.layers * 2 * (blocks + max(row_counts) * blocks) * BLOCK_SIZE * num_kv_heads * args.head_dim * 2
+    if cache_bytes > MAX_CACHE_BYTES:
+        parser.error(f"the caches would take {cache_bytes / 2**30:.1f} GiB (at most {MAX_CACHE_BYTES >> 30})")
+    return row_counts, (num_heads, num_kv_heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="2,4,8,32", help="comma-separated row counts")
@@ -71,13 +99,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1, help="layers' caches attended in turn (30: cold caches)")
     parser.add_argument("--repeats", type=int, default=60, help="calls timed, over all layers")
     args = parser.parse_args()
-    if args.shared_blocks * BLOCK_SIZE >= args.context:
-        parser.error("--shared-blocks must leave each row positions of its own")
-    heads = tuple(int(n) for n in args.heads.split("/"))
+    row_counts, heads = parse_arguments(parser, args)
     print(f"torch threads {torch.get_num_threads()}; ms per call (median), {args.layers} layers in turn")
     print("| rows | context | shared | apart ms | together ms | speed-up | max abs difference |")
     print("|---|---|---|---|---|---|---|")
-    for num_rows in (int(n) for n in args.rows.split(",")):
+    for num_rows in row_counts:
         compare(num_rows, args.context, args.shared_blocks, heads, args.head_dim, args.layers, args.repeats)
 
 
