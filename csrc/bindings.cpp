@@ -50,7 +50,7 @@ TORCH_LIBRARY(radixlm, m) {
         "-> Tensor");
   m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
-  m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? residual=None) -> Tensor");
   m.def("bf16_dot_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("bf16_packed_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
@@ -108,6 +108,13 @@ PyObject* small_batch_int8_linear(PyObject*, PyObject* const* args, Py_ssize_t n
 PyObject* amx_bf16_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<3, true>("amx_bf16_linear", args, nargs, [](const auto& t) {
     return radixlm::amx_bf16_linear(*t[0], *t[1], t[2]);
+  });
+}
+
+// amx_bf16_linear_add(x, weight, residual, bias): torch.ops.radixlm.amx_bf16_linear(x, weight, bias, residual).
+PyObject* amx_bf16_linear_add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<4, true>("amx_bf16_linear_add", args, nargs, [](const auto& t) {
+    return radixlm::amx_bf16_linear(*t[0], *t[1], t[3], t[2]);
   });
 }
 
@@ -273,6 +280,10 @@ PyMethodDef methods[] = {
      "without the dispatcher"},
     {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
      "amx_bf16_linear(x, weight, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
+    {"amx_bf16_linear_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear_add)),
+     METH_FASTCALL,
+     "amx_bf16_linear_add(x, weight, residual, bias): torch.ops.radixlm.amx_bf16_linear(x, weight, bias, residual) "
+     "without the dispatcher"},
     {"avx512_bf16_available", avx512_bf16_available, METH_NOARGS,
      "avx512_bf16_available(): whether this CPU runs prefill_attention and bf16_dot_linear (AVX-512 BF16)"},
     {"bf16_dot_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(bf16_dot_linear)), METH_FASTCALL,

@@ -84,9 +84,16 @@ RADIXLM_AMX void block(const at::BFloat16* w, int64_t K, const at::BFloat16* x_p
   }
 }
 
-// The block's rows [0, rows) of x: c[f][r] for the 32 features f, plus the bias, rounded to bfloat16 into
-// out[r * N + f] (two 16 x 16 transposes per 16 rows).
-RADIXLM_AMX void store_block(const float* c, const float* bias, at::BFloat16* out, int64_t rows, int64_t N) {
+// 16 bfloat16 values as float32.
+RADIXLM_AMX inline __m512 widen16(const at::BFloat16* values) {
+  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+
+// The block's rows [0, rows) of x: c[f][r] for the 32 features f, plus the bias (and residual[r * N + f] when
+// residual is not null), rounded to bfloat16 once into out[r * N + f] (two 16 x 16 transposes per 16 rows).
+RADIXLM_AMX void store_block(const float* c, const float* bias, const at::BFloat16* residual, at::BFloat16* out,
+                             int64_t rows, int64_t N) {
   const __m512 bias_low = _mm512_loadu_ps(bias), bias_high = _mm512_loadu_ps(bias + 16);
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     __m512i low[16], high[16];
@@ -97,8 +104,12 @@ RADIXLM_AMX void store_block(const float* c, const float* bias, at::BFloat16* ou
     transpose16(low);
     transpose16(high);
     for (int64_t j = 0; j < std::min<int64_t>(16, rows - r0); ++j) {
-      const __m512 a = _mm512_add_ps(_mm512_castsi512_ps(low[j]), bias_low);
-      const __m512 b = _mm512_add_ps(_mm512_castsi512_ps(high[j]), bias_high);
+      __m512 a = _mm512_add_ps(_mm512_castsi512_ps(low[j]), bias_low);
+      __m512 b = _mm512_add_ps(_mm512_castsi512_ps(high[j]), bias_high);
+      if (residual != nullptr) {
+        a = _mm512_add_ps(a, widen16(residual + (r0 + j) * N));
+        b = _mm512_add_ps(b, widen16(residual + (r0 + j) * N + 16));
+      }
       _mm512_storeu_si512(out + (r0 + j) * N, (__m512i)_mm512_cvtne2ps_pbh(b, a));
     }
   }
@@ -106,7 +117,8 @@ RADIXLM_AMX void store_block(const float* c, const float* bias, at::BFloat16* ou
 
 // Groups [g0, g1) of the output, every row of x.
 RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, const float* bias,
-                            at::BFloat16* out, int64_t M, int64_t N, int64_t K, int64_t g0, int64_t g1) {
+                            const at::BFloat16* residual, at::BFloat16* out, int64_t M, int64_t N, int64_t K,
+                            int64_t g0, int64_t g1) {
   alignas(64) float c[kGroup * kGroup];
   configure_tiles();
   for (int64_t g = g0; g < g1; ++g) {
@@ -115,7 +127,8 @@ RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, 
       const int64_t rows = std::min<int64_t>(kGroup, M - m);
       const at::BFloat16* pass = x_pairs + m * K;
       rows > 16 ? block<true>(group, K, pass, c) : block<false>(group, K, pass, c);
-      store_block(c, bias + g * kGroup, out + m * N + g * kGroup, rows, N);
+      const at::BFloat16* block_residual = residual == nullptr ? nullptr : residual + m * N + g * kGroup;
+      store_block(c, bias + g * kGroup, block_residual, out + m * N + g * kGroup, rows, N);
     }
   }
   release_tiles();
@@ -151,7 +164,8 @@ bool amx_bf16_available() {
   return available;
 }
 
-at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                           const c10::optional<at::Tensor>& residual) {
   check_dense_cpu(input, "x");
   check_dense_cpu(weight, "weight");
   TORCH_CHECK(amx_bf16_available(), "amx_bf16_linear needs a CPU with AMX-BF16 (and the OS's permission)");
@@ -173,14 +187,23 @@ at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, co
   const int64_t M = x.size(0);
   std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
   out_shape.back() = N;
+  at::Tensor residual_rows;
+  if (residual.has_value()) {
+    check_dense_cpu(*residual, "residual");
+    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == at::IntArrayRef(out_shape),
+                "residual must be bfloat16 of the output's shape ", at::IntArrayRef(out_shape), ", got ",
+                residual->scalar_type(), " ", residual->sizes());
+    residual_rows = residual->reshape({-1, N}).contiguous();
+  }
   at::Tensor out = at::empty(out_shape, input.options());
   if (M == 0) return out;
+  const at::BFloat16* r = residual_rows.defined() ? residual_rows.data_ptr<at::BFloat16>() : nullptr;
   const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>(), M, K);
   const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
   const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
   at::BFloat16* o = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) {
-    run_groups(w, pairs, bias_values.data(), o, M, N, K, g0, g1);
+    run_groups(w, pairs, bias_values.data(), r, o, M, N, K, g0, g1);
   });
   return out;
 }

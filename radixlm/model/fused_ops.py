@@ -106,12 +106,26 @@ class FusedGatedMLP(nn.Module):
         self._activation = direct_kernel("silu_and_mul_padded")
         return True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP's output, plus `residual` when given (`plus_residual`)."""
         gate_up = self.gate_up_proj(x)
         if self._activation is not None and gate_up.dtype == torch.bfloat16 and not torch.is_grad_enabled():
-            return self.down_proj(self._activation(gate_up))
+            return plus_residual(self.down_proj, self._activation(gate_up), residual)
         half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
-        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
+        return plus_residual(self.down_proj, F.silu(gate_up[..., :half]) * gate_up[..., half:], residual)
+
+
+def plus_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """`residual + linear(x)` (`linear(x)` when `residual` is None), in the linear's own writes where it has
+    `forward_add` (`Bf16Linear`) and no hooks (a tensor-parallel shard's hook sums the ranks' outputs, which must come
+    before the add)."""
+    if residual is None:
+        return linear(x)
+    forward_add = getattr(linear, "forward_add", None)
+    if forward_add is not None and not linear._forward_hooks and not linear._forward_pre_hooks \
+            and not torch.is_grad_enabled():
+        return forward_add(x, residual)
+    return residual + linear(x)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -154,7 +168,7 @@ class StackedLinears(nn.Module):
 def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
                              position_embeddings: tuple[torch.Tensor, torch.Tensor],
                              attention_mask: torch.Tensor | None = None, past_key_values: object = None,
-                             **kwargs: object) -> tuple[torch.Tensor, None]:
+                             residual: torch.Tensor | None = None, **kwargs: object) -> tuple[torch.Tensor, None]:
     if past_key_values is not None:
         raise RuntimeError("fused attention keeps no transformers cache: call the model with use_cache=False")
     kwargs.pop("position_ids", None)
@@ -176,7 +190,7 @@ def _fused_attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     output, _ = attention(self, query_key[:, :num_heads], query_key[:, num_heads:], qkv[:, num_heads + num_kv_heads:],
                           attention_mask, dropout=0.0, scaling=self.scaling, sliding_window=self.fused_window,
                           **kwargs)
-    return self.o_proj(output.reshape(*lead, -1)), None
+    return plus_residual(self.o_proj, output.reshape(*lead, -1), residual), None
 
 
 def _fused_decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor,
@@ -190,12 +204,11 @@ def _fused_decoder_layer_forward(self: nn.Module, hidden_states: torch.Tensor,
     18.44 -> 18.25 ms a token in float32 and 13.13 -> 13.05 in bfloat16, a 1B Q4_K_M file 21.69 -> 21.27."""
     if position_embeddings is None:
         raise RuntimeError("fused decoder layers need the model's position embeddings")
-    residual = hidden_states
+    # Each residual add happens in the projection before it (`plus_residual`).
     hidden_states, _ = self.self_attn.forward(self.input_layernorm.forward(hidden_states), position_embeddings,
-                                              attention_mask, past_key_values=past_key_values, **kwargs)
-    hidden_states = residual + hidden_states
-    residual = hidden_states
-    return residual + self.mlp.forward(self.post_attention_layernorm.forward(hidden_states))
+                                              attention_mask, past_key_values=past_key_values,
+                                              residual=hidden_states, **kwargs)
+    return self.mlp.forward(self.post_attention_layernorm.forward(hidden_states), residual=hidden_states)
 
 
 def _fuse_decoder_layer(layer: nn.Module) -> bool:

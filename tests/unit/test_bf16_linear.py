@@ -98,6 +98,54 @@ def test_few_rows_take_the_kernel_and_many_take_f_linear(monkeypatch, kernel_nam
     assert calls == [few.shape]
 
 
+def reference_linear_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         residual: torch.Tensor) -> torch.Tensor:
+    """`residual + x W^T (+ b)` in float32, rounded to bfloat16 once."""
+    float_bias = None if bias is None else bias.float()
+    return (F.linear(x.float(), weight.float(), float_bias) + residual.float()).to(torch.bfloat16)
+
+
+@needs_amx
+@pytest.mark.parametrize("bias", [None, torch.bfloat16])
+def test_kernel_adds_the_residual_in_its_writes(bias):
+    torch.manual_seed(1)
+    weight = torch.randn(160, 96).to(torch.bfloat16)
+    bias_values = None if bias is None else torch.randn(160).to(bias)
+    kernel_add = Bf16Linear(nn.Linear(96, 160, dtype=torch.bfloat16))._kernel_add
+    for rows in (1, 15, 16, 17, 32, 33, 100):
+        x, residual = torch.randn(1, rows, 96).bfloat16(), (torch.randn(1, rows, 160) * 4).bfloat16()
+        assert_bf16_close(kernel_add(x, weight, residual, bias_values),
+                          reference_linear_add(x, weight, bias_values, residual))
+    assert torch.ops.radixlm.amx_bf16_linear(x, weight, bias_values, residual).equal(
+        kernel_add(x, weight, residual, bias_values))
+    with pytest.raises(RuntimeError, match="residual"):
+        kernel_add(x, weight, residual[:, :-1], None)
+    with pytest.raises(RuntimeError, match="residual"):
+        kernel_add(x, weight, residual.float(), None)
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_forward_add_is_the_sum_on_every_path(kernel_name):
+    """The kernel's rows, `torch.addmm`'s above the row limit, a bias, float32 rows: each `residual + forward(x)`
+    within a bfloat16 rounding (one rounding fewer)."""
+    torch.manual_seed(2)
+    for bias in (False, True):
+        layer = Bf16Linear(nn.Linear(64, 96, bias=bias, dtype=torch.bfloat16), kernel_name)
+        limit = row_limit(kernel_name, 64)
+        for rows in (1, 7, limit, limit + 1, 2 * limit):
+            x, residual = torch.randn(1, rows, 64).bfloat16(), (torch.randn(1, rows, 96) * 4).bfloat16()
+            got = layer.forward_add(x, residual)
+            assert got.dtype == torch.bfloat16 and got.shape == residual.shape
+            # Within a bfloat16 step of the terms' sizes: where the two terms cancel, the paths that round the
+            # linear's output before adding (a bias, the DOT kernel) are off by a step of the terms, not the sum.
+            linear = F.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+            error = (got.float() - reference_linear_add(x, layer.weight, layer.bias, residual).float()).abs()
+            assert bool((error <= 2 ** -7 * (linear.abs() + residual.float().abs()) + 1e-6).all())
+    x32 = torch.randn(3, 64)
+    residual32 = torch.randn(3, 96)
+    assert torch.equal(layer.forward_add(x32, residual32), residual32 + layer(x32))
+
+
 class TiedModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
