@@ -72,6 +72,12 @@ class Sampler:
                 logprobs[row] = entry
         return SamplerOutput(token_ids.tolist(), logprobs)
 
+    def leaves_logits_as_they_are(self, requests: list[SamplingRow]) -> bool:
+        """Whether a call for `requests` without a grammar mask only reads the logits: every row greedy, with no
+        logit_bias, min_tokens ban or penalty (the stages that write in place)."""
+        batch = self._batch_for(requests)
+        return not (len(batch.random_rows) or len(batch.bias_rows) or len(batch.ban_rows) or len(batch.penalty_rows))
+
     def _batch_for(self, requests: list[SamplingRow]) -> SamplingBatch:
         same = self._batch is not None and len(requests) == len(self._batch_requests) and all(
             a is b for a, b in zip(requests, self._batch_requests, strict=True))

@@ -101,3 +101,22 @@ def test_bias_and_min_tokens_bans_match_reference(row, bias, stop_ids, min_token
         return  # every token banned: no meaningful argmax
     token = Sampler(VOCAB)(torch.tensor([row]), [request]).token_ids[0]
     assert token == min(i for i, v in enumerate(expected) if v == max(expected))
+
+
+def test_only_batches_that_write_into_the_logits_need_a_copy():
+    """`sample_isolated` copies the logits for its per-row retry unless the call only reads them."""
+    from radixlm.sample.isolated import sample_isolated
+
+    sampler = Sampler(VOCAB)
+    greedy = [make_request([2, 3], [], temperature=0.0) for _ in range(3)]
+    assert sampler.leaves_logits_as_they_are(greedy)
+    for params in ({"temperature": 0.7}, {"temperature": 0.0, "logit_bias": {4: 1.0}},
+                   {"temperature": 0.0, "min_tokens": 2}, {"temperature": 0.0, "repetition_penalty": 1.3}):
+        assert not sampler.leaves_logits_as_they_are(greedy + [make_request([2, 3], [], **params)]), params
+    logits = torch.randn(4, VOCAB)
+    before = logits.clone()
+    rows = greedy + [make_request([2, 3], [], temperature=0.0, logit_bias={5: 100.0}, repetition_penalty=1.3)]
+    output, errors = sample_isolated(sampler, logits, rows, lambda requests: None)
+    assert not errors and output.token_ids[3] == 5 and torch.equal(logits, before)
+    output, errors = sample_isolated(sampler, logits, greedy, lambda requests: None)
+    assert not errors and output.token_ids == logits[:3].argmax(1).tolist() and torch.equal(logits, before)
