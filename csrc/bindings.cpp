@@ -51,6 +51,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("int8_normalize_rows(Tensor x, Tensor(a!) row_max) -> Tensor");
   m.def("int8_rescale_rows_(Tensor(a!) out, Tensor row_max, Tensor? bias) -> ()");
   m.def("amx_bf16_linear(Tensor x, Tensor weight, Tensor? bias, Tensor? residual=None) -> Tensor");
+  m.def("amx_bf16_gated_linear(Tensor x, Tensor weight) -> Tensor");
   m.def("bf16_dot_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("bf16_packed_linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor");
   m.def("gguf_linear(Tensor x, Tensor[] tiles, int[] types, int[] out_features, Tensor? bias, int path=0) -> Tensor");
@@ -60,7 +61,7 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, bool pad_rows=False) -> Tensor");
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
   // activation/
-  m.def("silu_and_mul(Tensor gate_up, bool pad_rows=False) -> Tensor");
+  m.def("silu_and_mul(Tensor gate_up, bool pad_rows=False, bool blocks16=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
@@ -73,6 +74,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("int8_normalize_rows", &radixlm::int8_normalize_rows);
   m.impl("int8_rescale_rows_", &radixlm::int8_rescale_rows_);
   m.impl("amx_bf16_linear", &radixlm::amx_bf16_linear);
+  m.impl("amx_bf16_gated_linear", &radixlm::amx_bf16_gated_linear);
   m.impl("bf16_dot_linear", &radixlm::bf16_dot_linear);
   m.impl("bf16_packed_linear", &radixlm::bf16_packed_linear);
   m.impl("gguf_linear", &radixlm::gguf_linear);
@@ -115,6 +117,12 @@ PyObject* amx_bf16_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* amx_bf16_linear_add(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<4, true>("amx_bf16_linear_add", args, nargs, [](const auto& t) {
     return radixlm::amx_bf16_linear(*t[0], *t[1], t[3], t[2]);
+  });
+}
+
+PyObject* amx_bf16_gated_linear(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<2, false>("amx_bf16_gated_linear", args, nargs, [](const auto& t) {
+    return radixlm::amx_bf16_gated_linear(*t[0], *t[1]);
   });
 }
 
@@ -181,6 +189,11 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* silu_and_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<1, false>("silu_and_mul", args, nargs,
                                [](const auto& t) { return radixlm::silu_and_mul(*t[0]); });
+}
+
+PyObject* silu_and_mul_blocks16(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<1, false>("silu_and_mul_blocks16", args, nargs,
+                               [](const auto& t) { return radixlm::silu_and_mul(*t[0], false, true); });
 }
 
 PyObject* silu_and_mul_padded(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -280,6 +293,8 @@ PyMethodDef methods[] = {
      "without the dispatcher"},
     {"amx_bf16_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear)), METH_FASTCALL,
      "amx_bf16_linear(x, weight, bias): torch.ops.radixlm.amx_bf16_linear without the dispatcher"},
+    {"amx_bf16_gated_linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_gated_linear)),
+     METH_FASTCALL, "amx_bf16_gated_linear(x, weight): torch.ops.radixlm.amx_bf16_gated_linear without the dispatcher"},
     {"amx_bf16_linear_add", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(amx_bf16_linear_add)),
      METH_FASTCALL,
      "amx_bf16_linear_add(x, weight, residual, bias): torch.ops.radixlm.amx_bf16_linear(x, weight, bias, residual) "
@@ -313,6 +328,9 @@ PyMethodDef methods[] = {
      "rotary(query_key, cos, sin): torch.ops.radixlm.rotary without the dispatcher"},
     {"silu_and_mul", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul)), METH_FASTCALL,
      "silu_and_mul(gate_up): torch.ops.radixlm.silu_and_mul without the dispatcher"},
+    {"silu_and_mul_blocks16", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul_blocks16)),
+     METH_FASTCALL, "silu_and_mul_blocks16(gate_up): torch.ops.radixlm.silu_and_mul(gate_up, blocks16=True) without "
+     "the dispatcher"},
     {"silu_and_mul_padded", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(silu_and_mul_padded)),
      METH_FASTCALL, "silu_and_mul_padded(gate_up): torch.ops.radixlm.silu_and_mul(gate_up, pad_rows=True) without "
      "the dispatcher"},

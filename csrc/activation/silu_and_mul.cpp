@@ -61,15 +61,22 @@ void silu_and_mul_row(const uint16_t* gate, const uint16_t* up, int64_t n, uint1
   }
 }
 
+// A row whose gate and up halves alternate in blocks of 16 (gate 0-15, up 0-15, gate 16-31, ...): the layout
+// `amx_bf16_gated_linear`'s interleaved weight gives `F.linear` above that kernel's rows.
+void silu_and_mul_blocks_row(const uint16_t* gate_up, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; i += 16) silu_and_mul_row(gate_up + 2 * i, gate_up + 2 * i + 16, 16, out + i);
+}
+
 }  // namespace
 
-at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up, bool pad_rows) {
+at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up, bool pad_rows, bool blocks16) {
   radixlm::check_dense_cpu(gate_up, "gate_up");
   TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "gate_up must be bfloat16, got ", gate_up.scalar_type());
   TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up must be [..., 2I], got ", gate_up.sizes());
   const at::Tensor x = gate_up.contiguous();  // no copy when it already is
   const int64_t n = x.size(-1) / 2;
   const int64_t rows = n > 0 ? x.numel() / (2 * n) : 0;
+  TORCH_CHECK(!blocks16 || n % 16 == 0, "gate_up in blocks of 16 must be [..., 32 k], got ", gate_up.sizes());
   // With pad_rows, rows the next linear would copy apart (csrc/row_layout.h) are written apart: a view of a wider
   // tensor, which bf16_packed_linear reads as it is.
   int64_t stride = n;
@@ -78,7 +85,13 @@ at::Tensor radixlm::silu_and_mul(const at::Tensor& gate_up, bool pad_rows) {
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) silu_and_mul_row(xp + r * 2 * n, xp + r * 2 * n + n, n, op + r * stride);
+    for (int64_t r = begin; r < end; ++r) {
+      if (blocks16) {
+        silu_and_mul_blocks_row(xp + r * 2 * n, n, op + r * stride);
+      } else {
+        silu_and_mul_row(xp + r * 2 * n, xp + r * 2 * n + n, n, op + r * stride);
+      }
+    }
   });
   return out;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../amx_tiles.h"
+#include "../exp_nonpositive.h"
 #include "../isa.h"
 #include "../kernel_checks.h"
 #include "../transpose16.h"
@@ -115,10 +116,46 @@ RADIXLM_AMX void store_block(const float* c, const float* bias, const at::BFloat
   }
 }
 
+// silu(gate) * up, lane by lane, in float32 (silu_and_mul.cpp's formula: no exp of a positive number).
+RADIXLM_AMX inline __m512 silu_times(__m512 gate, __m512 up) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  const __m512 e = radixlm::exp16_nonpositive(_mm512_or_ps(gate, _mm512_set1_ps(-0.f)));  // exp(-|gate|)
+  const __mmask16 nonnegative = _mm512_cmp_ps_mask(gate, _mm512_setzero_ps(), _CMP_GE_OQ);  // false for NaN
+  const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(nonnegative, e, one), _mm512_add_ps(one, e));
+  return _mm512_mul_ps(_mm512_mul_ps(gate, sigmoid), up);
+}
+
+// A gated group's block (features 0-15 the gate, 16-31 the up projection of the same 16 outputs): rows [0, rows)
+// of silu(gate) * up, rounded to bfloat16 once, into out[r * stride + f] for its 16 outputs f.
+RADIXLM_AMX void store_gated_block(const float* c, at::BFloat16* out, int64_t rows, int64_t stride) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    __m512i gate[16], up[16];
+    for (int i = 0; i < 16; ++i) {
+      gate[i] = _mm512_loadu_si512(c + i * kGroup + r0);
+      up[i] = _mm512_loadu_si512(c + (16 + i) * kGroup + r0);
+    }
+    transpose16(gate);
+    transpose16(up);
+    for (int64_t j = 0; j < std::min<int64_t>(16, rows - r0); ++j) {
+      const __m512 value = silu_times(_mm512_castsi512_ps(gate[j]), _mm512_castsi512_ps(up[j]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + j) * stride), (__m256i)_mm512_cvtneps_pbh(value));
+    }
+  }
+}
+
+// Where the groups' blocks go: out[M, stride], each group's 32 features plus the bias (and the residual), or, gated,
+// its 16 outputs of silu(gate) * up.
+struct Epilogue {
+  const float* bias;             // [N], unless gated
+  const at::BFloat16* residual;  // [M, N] or null
+  at::BFloat16* out;
+  int64_t stride;  // N, or N / 2 when gated
+  bool gated;
+};
+
 // Groups [g0, g1) of the output, every row of x.
-RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, const float* bias,
-                            const at::BFloat16* residual, at::BFloat16* out, int64_t M, int64_t N, int64_t K,
-                            int64_t g0, int64_t g1) {
+RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, const Epilogue& e, int64_t M,
+                            int64_t K, int64_t g0, int64_t g1) {
   alignas(64) float c[kGroup * kGroup];
   configure_tiles();
   for (int64_t g = g0; g < g1; ++g) {
@@ -127,8 +164,12 @@ RADIXLM_AMX void run_groups(const at::BFloat16* w, const at::BFloat16* x_pairs, 
       const int64_t rows = std::min<int64_t>(kGroup, M - m);
       const at::BFloat16* pass = x_pairs + m * K;
       rows > 16 ? block<true>(group, K, pass, c) : block<false>(group, K, pass, c);
-      const at::BFloat16* block_residual = residual == nullptr ? nullptr : residual + m * N + g * kGroup;
-      store_block(c, bias + g * kGroup, block_residual, out + m * N + g * kGroup, rows, N);
+      if (e.gated) {
+        store_gated_block(c, e.out + m * e.stride + g * 16, rows, e.stride);
+        continue;
+      }
+      const at::BFloat16* residual = e.residual == nullptr ? nullptr : e.residual + m * e.stride + g * kGroup;
+      store_block(c, e.bias + g * kGroup, residual, e.out + m * e.stride + g * kGroup, rows, e.stride);
     }
   }
   release_tiles();
@@ -164,18 +205,45 @@ bool amx_bf16_available() {
   return available;
 }
 
-at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                           const c10::optional<at::Tensor>& residual) {
+namespace {
+
+// Checks x and the weight (see amx_bf16.h); returns x as contiguous [M, K] rows.
+at::Tensor checked_rows(const at::Tensor& input, const at::Tensor& weight, const char* name) {
   check_dense_cpu(input, "x");
   check_dense_cpu(weight, "weight");
-  TORCH_CHECK(amx_bf16_available(), "amx_bf16_linear needs a CPU with AMX-BF16 (and the OS's permission)");
-  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16,
-              "amx_bf16_linear takes bfloat16 x and weight");
+  TORCH_CHECK(amx_bf16_available(), name, " needs a CPU with AMX-BF16 (and the OS's permission)");
+  TORCH_CHECK(input.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, name,
+              " takes bfloat16 x and weight");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "the weight must be contiguous [N, K]");
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(N > 0 && K > 0 && N % kGroup == 0 && K % kStep == 0,
               "the weight's sizes must be positive multiples of 32, got [", N, ", ", K, "]");
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == K, "x has ", input.size(-1), " features, the weight ", K);
+  return input.reshape({-1, K}).contiguous();
+}
+
+// Runs every group of the weight over x's rows into e (whose out is [M, e.stride]).
+void run(const at::Tensor& x, const at::Tensor& weight, const Epilogue& e) {
+  const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1);
+  if (M == 0) return;
+  const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>(), M, K);
+  const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
+  const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
+  at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) { run_groups(w, pairs, e, M, K, g0, g1); });
+}
+
+std::vector<int64_t> out_shape(const at::Tensor& input, int64_t features) {
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+  shape.back() = features;
+  return shape;
+}
+
+}  // namespace
+
+at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                           const c10::optional<at::Tensor>& residual) {
+  const at::Tensor x = checked_rows(input, weight, "amx_bf16_linear");
+  const int64_t N = weight.size(0);
   std::vector<float> bias_values(N, 0.0f);
   if (bias.has_value()) {
     check_dense_cpu(*bias, "bias");
@@ -183,28 +251,26 @@ at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, co
     const at::Tensor values = bias->to(at::kFloat).contiguous();
     std::copy(values.data_ptr<float>(), values.data_ptr<float>() + N, bias_values.begin());
   }
-  const at::Tensor x = input.reshape({-1, K}).contiguous();
-  const int64_t M = x.size(0);
-  std::vector<int64_t> out_shape(input.sizes().begin(), input.sizes().end());
-  out_shape.back() = N;
+  const std::vector<int64_t> shape = out_shape(input, N);
   at::Tensor residual_rows;
   if (residual.has_value()) {
     check_dense_cpu(*residual, "residual");
-    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == at::IntArrayRef(out_shape),
-                "residual must be bfloat16 of the output's shape ", at::IntArrayRef(out_shape), ", got ",
+    TORCH_CHECK(residual->scalar_type() == at::kBFloat16 && residual->sizes() == at::IntArrayRef(shape),
+                "residual must be bfloat16 of the output's shape ", at::IntArrayRef(shape), ", got ",
                 residual->scalar_type(), " ", residual->sizes());
     residual_rows = residual->reshape({-1, N}).contiguous();
   }
-  at::Tensor out = at::empty(out_shape, input.options());
-  if (M == 0) return out;
+  at::Tensor out = at::empty(shape, input.options());
   const at::BFloat16* r = residual_rows.defined() ? residual_rows.data_ptr<at::BFloat16>() : nullptr;
-  const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>(), M, K);
-  const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
-  const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
-  at::BFloat16* o = out.data_ptr<at::BFloat16>();
-  at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) {
-    run_groups(w, pairs, bias_values.data(), r, o, M, N, K, g0, g1);
-  });
+  run(x, weight, {bias_values.data(), r, out.data_ptr<at::BFloat16>(), N, false});
+  return out;
+}
+
+at::Tensor amx_bf16_gated_linear(const at::Tensor& input, const at::Tensor& weight) {
+  const at::Tensor x = checked_rows(input, weight, "amx_bf16_gated_linear");
+  const int64_t outputs = weight.size(0) / 2;
+  at::Tensor out = at::empty(out_shape(input, outputs), input.options());
+  run(x, weight, {nullptr, nullptr, out.data_ptr<at::BFloat16>(), outputs, true});
   return out;
 }
 

@@ -116,8 +116,9 @@ class StepProbe:
         model = engine.runner.model
         for module in linear_modules(model):
             self._wrap_attribute(module, "forward", "linears")
-            if hasattr(module, "forward_add"):  # a projection that adds the residual in its writes
-                self._wrap_attribute(module, "forward_add", "linears")
+            for entry in ("forward_add", "forward_gated"):  # a projection with its neighbour's work in its writes
+                if hasattr(module, entry):
+                    self._wrap_attribute(module, entry, "linears")
         self._time_module(model, "forward")
         self._wrap_attention(model.config._attn_implementation)
         self._wrap_attribute(engine.runner, "execute", "execute")

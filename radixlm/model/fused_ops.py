@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from radixlm.model.bf16_linear import AMX, Bf16Linear
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.ops import direct_kernel, extension_error
 
@@ -97,6 +98,37 @@ class FusedGatedMLP(nn.Module):
         self.down_proj = down
         weight = None if isinstance(gate, GGUFLinear) else gate.weight  # a GGUF linear has no weight tensor
         self._activation = _cpp_kernel("silu_and_mul", weight, (torch.bfloat16,)) if cpp_kernels else None
+        self._gated_max_elements = 0  # up to this many x elements, gate_up_proj.forward_gated (`interleave_halves`)
+
+    def interleave_halves(self) -> bool:
+        """When gate_up_proj is a bias-free `Bf16Linear` on the AMX kernel: reorder its weight's rows so that the gate
+        and up halves alternate in blocks of 16, and run calls up to its row limit as one `amx_bf16_gated_linear`
+        (silu(gate) * up in the kernel's own writes: no pass over the [rows, 2I] projection, whose two halves the
+        threads wrote by columns, and no rounding of it), above that `F.linear` on the reordered weight and
+        `silu_and_mul` over the blocks; whether it did. The rows move in place (a weight on huge pages stays
+        there)."""
+        gate_up = self.gate_up_proj
+        if (self._gated_max_elements or self._activation is None or not isinstance(gate_up, Bf16Linear)
+                or gate_up.kernel != AMX or gate_up.bias is not None or isinstance(gate_up.weight, DTensor)
+                or gate_up.out_features % 32):
+            return False
+        half, width = gate_up.out_features // 2, gate_up.in_features
+        with torch.no_grad():
+            gate_up.weight.copy_(gate_up.weight.view(2, half // 16, 16, width).transpose(0, 1).reshape(-1, width))
+        self._gated_max_elements = gate_up.row_limit * width
+        self._activation = direct_kernel("silu_and_mul_blocks16")
+        return True
+
+    def restore_halves(self) -> None:
+        """Undo `interleave_halves` (LoRA adapters add their deltas to the two halves)."""
+        if not self._gated_max_elements:
+            return
+        gate_up = self.gate_up_proj
+        half, width = gate_up.out_features // 2, gate_up.in_features
+        with torch.no_grad():
+            gate_up.weight.copy_(gate_up.weight.view(half // 16, 2, 16, width).transpose(0, 1).reshape(-1, width))
+        self._gated_max_elements = 0
+        self._activation = direct_kernel("silu_and_mul")
 
     def pad_rows(self) -> bool:
         """Write the activation's rows that the packed linear would copy apart already apart
@@ -108,11 +140,19 @@ class FusedGatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP's output, plus `residual` when given (`plus_residual`)."""
+        if (0 < x.numel() <= self._gated_max_elements and x.dtype == torch.bfloat16
+                and not torch.is_grad_enabled()):
+            return plus_residual(self.down_proj, self.gate_up_proj.forward_gated(x), residual)
         gate_up = self.gate_up_proj(x)
         if self._activation is not None and gate_up.dtype == torch.bfloat16 and not torch.is_grad_enabled():
             return plus_residual(self.down_proj, self._activation(gate_up), residual)
-        half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
-        return plus_residual(self.down_proj, F.silu(gate_up[..., :half]) * gate_up[..., half:], residual)
+        if self._gated_max_elements:  # the halves interleaved by 16 (`interleave_halves`)
+            blocks = gate_up.unflatten(-1, (-1, 2, 16))
+            gate, up = blocks[..., 0, :].flatten(-2), blocks[..., 1, :].flatten(-2)
+        else:
+            half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
+            gate, up = gate_up[..., :half], gate_up[..., half:]
+        return plus_residual(self.down_proj, F.silu(gate) * up, residual)
 
 
 def plus_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -294,3 +334,9 @@ def pad_rows_for_readers(model: nn.Module) -> int:
         padded += sum(getattr(reader, "reads_strided_rows", False) and producer.pad_rows()
                       for producer, reader in pairs)
     return padded
+
+
+def interleave_gated_mlps(model: nn.Module) -> int:
+    """Once the linears have their final classes: every `FusedGatedMLP` whose gate/up projection runs on the AMX
+    kernel computes silu(gate) * up in that kernel's writes (`FusedGatedMLP.interleave_halves`). Returns how many."""
+    return sum(module.interleave_halves() for module in model.modules() if isinstance(module, FusedGatedMLP))

@@ -108,6 +108,10 @@ def _fake_linear(x: torch.Tensor, weight: torch.Tensor, *args: object) -> torch.
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+def _fake_gated_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2)
+
+
 def _fake_packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], out_features)
 
@@ -121,7 +125,7 @@ def _fake_rotary(query_key: torch.Tensor, *args: object) -> torch.Tensor:
     return query_key.new_empty(batch, tokens, heads, head_dim).permute(0, 2, 1, 3)
 
 
-def _fake_silu_and_mul(gate_up: torch.Tensor, pad_rows: bool = False) -> torch.Tensor:
+def _fake_silu_and_mul(gate_up: torch.Tensor, pad_rows: bool = False, blocks16: bool = False) -> torch.Tensor:
     return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
@@ -146,6 +150,7 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("int8_normalize_rows", _fake_normalize_rows),
     ("int8_rescale_rows_", _fake_no_result),
     ("amx_bf16_linear", _fake_linear),
+    ("amx_bf16_gated_linear", _fake_gated_linear),
     ("bf16_dot_linear", _fake_linear),
     ("bf16_packed_linear", _fake_packed_linear),
     ("gguf_linear", _fake_gguf_linear),

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 from gguf import quantize as gguf_quantize
 from torch import nn
 
-from radixlm.model.fused_ops import fuse_small_ops, pad_rows_for_readers
+from radixlm.model.fused_ops import fuse_small_ops, interleave_gated_mlps, pad_rows_for_readers
 from radixlm.model.gguf_linear import GGUFEmbedding, GGUFKernels, GGUFLinear, WeightPart
 from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.prepacked_linear import prepacking_available, use_prepacked_linears
@@ -81,6 +81,7 @@ class ServingFormat:
             if prepacking_available():
                 logger.debug("%d bfloat16 linears prepacked for oneDNN", use_prepacked_linears(model))
                 logger.debug("%d norms and activations write padded rows", pad_rows_for_readers(model))
+                logger.debug("%d MLPs take silu in their gate/up projection", interleave_gated_mlps(model))
             else:
                 logger.debug("%d bfloat16 linears widened by blocks", use_widened_linears(model))
 

@@ -124,6 +124,31 @@ def test_kernel_adds_the_residual_in_its_writes(bias):
         kernel_add(x, weight, residual.float(), None)
 
 
+def interleave_by_16(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Rows 32g..32g+15 gate's rows 16g..16g+15, rows 32g+16..32g+31 up's same rows."""
+    half, width = gate.shape
+    return torch.stack([gate.view(half // 16, 16, width), up.view(half // 16, 16, width)], 1).reshape(-1, width)
+
+
+@needs_amx
+def test_gated_kernel_is_silu_of_gate_times_up_rounded_once():
+    torch.manual_seed(3)
+    gate, up = torch.randn(96, 64).bfloat16(), torch.randn(96, 64).bfloat16()
+    weight = interleave_by_16(gate, up).contiguous()
+    layer = Bf16Linear(nn.Linear(64, 192, bias=False, dtype=torch.bfloat16))
+    for rows in (1, 15, 16, 17, 32, 33, 100):
+        x = torch.randn(1, rows, 64).bfloat16()
+        reference = (F.silu(x.float() @ gate.float().t()) * (x.float() @ up.float().t())).bfloat16()
+        assert_bf16_close(layer._kernel_gated(x, weight), reference)
+    assert torch.ops.radixlm.amx_bf16_gated_linear(x, weight).equal(layer._kernel_gated(x, weight))
+    edges = torch.zeros(2, 64).bfloat16()
+    edges[0, 0], edges[1, 0] = float("nan"), float("inf")
+    extreme = torch.zeros(192, 64).bfloat16()
+    extreme[:, 0] = 1.0
+    out = layer._kernel_gated(edges, extreme)
+    assert out[0].isnan().all() and out[1].isinf().all()
+
+
 @pytest.mark.parametrize("kernel_name", KERNELS)
 def test_forward_add_is_the_sum_on_every_path(kernel_name):
     """The kernel's rows, `torch.addmm`'s above the row limit, a bias, float32 rows: each `residual + forward(x)`

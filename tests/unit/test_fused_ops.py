@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from radixlm.model.bf16_linear import amx_available
 from radixlm.model.fused_ops import FusedGatedMLP, FusedRMSNorm, fuse_small_ops
 from radixlm.model.ops import extension, extension_error
 
@@ -131,3 +132,41 @@ def test_cpp_rotary_refuses_bad_arguments():
         kernels.rotary(query_key.double(), cos, cos)
     with pytest.raises(TypeError, match="must be a tensor"):
         kernels.rotary(query_key, cos, None)
+
+
+@pytest.mark.skipif(not amx_available(), reason="needs radixlm._C and a CPU with AMX-BF16")
+def test_gated_mlp_on_interleaved_halves_computes_the_same():
+    """`interleave_halves` reorders the gate/up weight by blocks of 16 and runs silu in the AMX kernel's writes up to
+    its row limit, F.linear and the blocks' silu above, the torch path with autograd: every path within a bfloat16
+    rounding of the plain MLP's float32 result; LoRA adapters' set-up puts the weight back bit for bit."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from radixlm.model.bf16_linear import Bf16Linear
+    from radixlm.model.fused_ops import interleave_gated_mlps
+    from radixlm.model.lora.adapters import LoRAAdapters
+
+    torch.manual_seed(4)
+    gate, up, down = (nn.Linear(k, n, bias=False, dtype=torch.bfloat16) for k, n in ((64, 96), (64, 96), (96, 64)))
+    mlp = FusedGatedMLP(gate, up, down, cpp_kernels=True)
+    mlp.gate_up_proj, mlp.down_proj = Bf16Linear(mlp.gate_up_proj), Bf16Linear(mlp.down_proj)
+    plain_weight = mlp.gate_up_proj.weight.clone()
+    holder = nn.Sequential(mlp)
+    assert interleave_gated_mlps(holder) == 1 and interleave_gated_mlps(holder) == 0  # once
+    assert not torch.equal(mlp.gate_up_proj.weight, plain_weight)
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        hidden = F.silu(x.float() @ gate.weight.float().t()) * (x.float() @ up.weight.float().t())
+        return hidden.bfloat16().float() @ down.weight.float().t()
+
+    limit = mlp.gate_up_proj.row_limit
+    for rows in (1, 33, limit, limit + 1):
+        x = torch.randn(1, rows, 64).bfloat16()
+        with torch.inference_mode():
+            got = mlp(x).float()
+        torch.testing.assert_close(got, reference(x), rtol=2 ** -6, atol=2e-2)
+    with torch.enable_grad():
+        got = mlp(x).float()
+    torch.testing.assert_close(got, reference(x), rtol=2 ** -6, atol=2e-2)
+    LoRAAdapters(holder)  # its gate and up deltas are laid out by halves
+    assert torch.equal(mlp.gate_up_proj.weight, plain_weight) and not mlp._gated_max_elements

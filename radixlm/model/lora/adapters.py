@@ -50,6 +50,9 @@ class LoRAAdapters:
         self.dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
         self.device = next(model.parameters()).device
         self.active = ActiveRows()
+        for module in model.modules():  # the adapters' gate and up deltas are laid out by halves
+            if isinstance(module, FusedGatedMLP):
+                module.restore_halves()
         self.targets = _find_targets(model)
         for path in sorted({target.linear for target in self.targets.values()}):
             parent_name, _, child = path.rpartition(".")
