@@ -35,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from radixlm.model.bf16_linear import AMX, Bf16Linear
+from radixlm.model.fused_norm import FusedRMSNorm
 from radixlm.model.gguf_linear import GGUFLinear
 from radixlm.model.ops import direct_kernel, extension_error
 
@@ -47,31 +48,6 @@ ATTENTION_CLASSES: dict[str, Callable[[nn.Module], int | None]] = {
     "MistralAttention": lambda module: getattr(module.config, "sliding_window", None),
     "Qwen2Attention": lambda module: module.sliding_window,
 }
-
-
-class FusedRMSNorm(nn.Module):
-    def __init__(self, weight: nn.Parameter, eps: float, kernel: Callable[..., torch.Tensor] | None = None) -> None:
-        """`kernel`: radixlm._C's `rms_norm` (float32 or bfloat16 CPU weights), used for inputs of the weight's dtype
-        without autograd."""
-        super().__init__()
-        self.weight = weight
-        self.eps = eps
-        # The kernel's arguments after x, gathered once (61 calls a decode step on the default model).
-        self._kernel_args = None if kernel is None else (weight, eps)
-        self._kernel = kernel
-
-    def pad_rows(self) -> bool:
-        """Write bfloat16 rows that the packed linear would copy apart already apart (`pad_rows_for_readers`);
-        whether the kernel does."""
-        if self._kernel is None or self.weight.dtype != torch.bfloat16:
-            return False
-        self._kernel = direct_kernel("rms_norm_padded")
-        return True
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernel_args is not None and x.dtype == self.weight.dtype and not torch.is_grad_enabled():
-            return self._kernel(x, *self._kernel_args)
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what radixlm._C's rms_norm and rotary take
