@@ -91,19 +91,25 @@ RADIXLM_AMX inline __m512 widen16(const at::BFloat16* values) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 
+// Rows [r0, r0 + 16) of a group's 32 x 32 block c (features x rows), row by row: low[j] holds features 0-15 of row
+// r0 + j, high[j] features 16-31 (two 16 x 16 transposes).
+RADIXLM_AMX inline void block_rows(const float* c, int64_t r0, __m512i (&low)[16], __m512i (&high)[16]) {
+  for (int i = 0; i < 16; ++i) {
+    low[i] = _mm512_loadu_si512(c + i * kGroup + r0);
+    high[i] = _mm512_loadu_si512(c + (16 + i) * kGroup + r0);
+  }
+  transpose16(low);
+  transpose16(high);
+}
+
 // The block's rows [0, rows) of x: c[f][r] for the 32 features f, plus the bias (and residual[r * N + f] when
-// residual is not null), rounded to bfloat16 once into out[r * N + f] (two 16 x 16 transposes per 16 rows).
+// residual is not null), rounded to bfloat16 once into out[r * N + f].
 RADIXLM_AMX void store_block(const float* c, const float* bias, const at::BFloat16* residual, at::BFloat16* out,
                              int64_t rows, int64_t N) {
   const __m512 bias_low = _mm512_loadu_ps(bias), bias_high = _mm512_loadu_ps(bias + 16);
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     __m512i low[16], high[16];
-    for (int i = 0; i < 16; ++i) {
-      low[i] = _mm512_loadu_si512(c + i * kGroup + r0);
-      high[i] = _mm512_loadu_si512(c + (16 + i) * kGroup + r0);
-    }
-    transpose16(low);
-    transpose16(high);
+    block_rows(c, r0, low, high);
     for (int64_t j = 0; j < std::min<int64_t>(16, rows - r0); ++j) {
       __m512 a = _mm512_add_ps(_mm512_castsi512_ps(low[j]), bias_low);
       __m512 b = _mm512_add_ps(_mm512_castsi512_ps(high[j]), bias_high);
@@ -130,12 +136,7 @@ RADIXLM_AMX inline __m512 silu_times(__m512 gate, __m512 up) {
 RADIXLM_AMX void store_gated_block(const float* c, at::BFloat16* out, int64_t rows, int64_t stride) {
   for (int64_t r0 = 0; r0 < rows; r0 += 16) {
     __m512i gate[16], up[16];
-    for (int i = 0; i < 16; ++i) {
-      gate[i] = _mm512_loadu_si512(c + i * kGroup + r0);
-      up[i] = _mm512_loadu_si512(c + (16 + i) * kGroup + r0);
-    }
-    transpose16(gate);
-    transpose16(up);
+    block_rows(c, r0, gate, up);
     for (int64_t j = 0; j < std::min<int64_t>(16, rows - r0); ++j) {
       const __m512 value = silu_times(_mm512_castsi512_ps(gate[j]), _mm512_castsi512_ps(up[j]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + j) * stride), (__m256i)_mm512_cvtneps_pbh(value));
