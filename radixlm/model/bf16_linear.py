@@ -124,14 +124,14 @@ class Bf16Linear(nn.Module):
         `F.linear` would run. Apart, each add was a pass over rows the linear had just written (two threads by
         columns, read back by rows): 73 us an add at 287 rows in a mixed step of the default model, 18 us at 32 rows
         in a decode step, against 17 and 5 us over rows in cache (a Xeon with AMX, 2 threads)."""
-        if x.dtype != torch.bfloat16 or residual.dtype != torch.bfloat16:
-            return residual + self.forward(x)
-        if self._kernel_add is not None and x.numel() <= self._max_elements:
-            return self._kernel_add(x, self.weight, residual, self.bias)
-        if self.bias is not None or x.numel() <= self._max_elements:  # a DOT kernel's rows
-            return residual + self.forward(x)
-        out = torch.addmm(residual.reshape(-1, self.out_features), x.reshape(-1, self.in_features), self.weight.t())
-        return out.view(residual.shape)
+        if x.dtype == residual.dtype == torch.bfloat16:
+            if x.numel() > self._max_elements and self.bias is None:  # F.linear's rows
+                out = torch.addmm(residual.reshape(-1, self.out_features), x.reshape(-1, self.in_features),
+                                  self.weight.t())
+                return out.view(residual.shape)
+            if x.numel() <= self._max_elements and self._kernel_add is not None:  # the AMX kernel's rows
+                return self._kernel_add(x, self.weight, residual, self.bias)
+        return residual + self.forward(x)  # the DOT kernel's rows, a bias above the kernel's, float32 rows
 
     def forward_gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a gated MLP whose gate and up rows this weight holds interleaved by 16

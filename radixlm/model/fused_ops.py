@@ -88,10 +88,8 @@ class FusedGatedMLP(nn.Module):
                 or gate_up.kernel != AMX or gate_up.bias is not None or isinstance(gate_up.weight, DTensor)
                 or gate_up.out_features % 32):
             return False
-        half, width = gate_up.out_features // 2, gate_up.in_features
-        with torch.no_grad():
-            gate_up.weight.copy_(gate_up.weight.view(2, half // 16, 16, width).transpose(0, 1).reshape(-1, width))
-        self._gated_max_elements = gate_up.row_limit * width
+        _reorder_halves(gate_up.weight, to_blocks=True)
+        self._gated_max_elements = gate_up.row_limit * gate_up.in_features
         self._activation = direct_kernel("silu_and_mul_blocks16")
         return True
 
@@ -99,10 +97,7 @@ class FusedGatedMLP(nn.Module):
         """Undo `interleave_halves` (LoRA adapters add their deltas to the two halves)."""
         if not self._gated_max_elements:
             return
-        gate_up = self.gate_up_proj
-        half, width = gate_up.out_features // 2, gate_up.in_features
-        with torch.no_grad():
-            gate_up.weight.copy_(gate_up.weight.view(half // 16, 2, 16, width).transpose(0, 1).reshape(-1, width))
+        _reorder_halves(self.gate_up_proj.weight, to_blocks=False)
         self._gated_max_elements = 0
         self._activation = direct_kernel("silu_and_mul")
 
@@ -129,6 +124,15 @@ class FusedGatedMLP(nn.Module):
             half = gate_up.shape[-1] // 2  # two slices: `chunk` costs twice as much per call (split, narrow)
             gate, up = gate_up[..., :half], gate_up[..., half:]
         return plus_residual(self.down_proj, F.silu(gate) * up, residual)
+
+
+def _reorder_halves(weight: torch.Tensor, to_blocks: bool) -> None:
+    """In place: a gate/up weight's rows from its two halves (gate, then up) to blocks of 16 rows taken from each in
+    turn (`to_blocks`), or back."""
+    half_blocks, width = weight.shape[0] // 32, weight.shape[1]
+    shape = (2, half_blocks, 16, width) if to_blocks else (half_blocks, 2, 16, width)
+    with torch.no_grad():
+        weight.copy_(weight.view(shape).transpose(0, 1).reshape(-1, width))
 
 
 def plus_residual(linear: nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
