@@ -13,6 +13,7 @@ bound); wrapped, the step grew 0.07 ms and the linears' windows hold their forwa
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections import defaultdict
@@ -173,7 +174,10 @@ class StepProbe:
     def _wrap_attribute(self, owner: object, attribute: str, part: str) -> None:
         had_own = attribute in vars(owner)
         original = getattr(owner, attribute)
-        setattr(owner, attribute, self._timed(original, part))
+        timed = self._timed(original, part)
+        # An object that is called (the sampler) keeps its other attributes: the worker asks the sampler more than
+        # its call, and a plain function in its place made each step sample row by row.
+        setattr(owner, attribute, timed if inspect.isroutine(original) else _TimedObject(original, timed))
 
         def restore() -> None:
             if had_own:
@@ -182,3 +186,17 @@ class StepProbe:
                 delattr(owner, attribute)
 
         self._restore.append(restore)
+
+
+class _TimedObject:
+    """A called object's stand-in: its call is timed, and every other attribute is the object's own."""
+
+    def __init__(self, wrapped: object, timed_call: Callable[..., Any]) -> None:
+        self._wrapped = wrapped
+        self._timed_call = timed_call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed_call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapped, name)

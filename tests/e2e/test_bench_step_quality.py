@@ -6,6 +6,7 @@ from radixlm.bench.step_prefill import bench_prefill
 from radixlm.bench.step_probe import StepProbe, linear_modules, weight_bytes
 from radixlm.engine.llm_engine import build_engine
 from radixlm.model.prepacked_linear import prepacking_available
+from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 
 
@@ -62,3 +63,25 @@ def test_bench_quality_of_the_reference_against_itself_and_of_int8(tiny_model_di
                          num_tokens=8, window=64)
     assert 0 < int8.mean_abs_logprob_delta < 1.0
     assert 0 <= int8.identical_fraction <= 1
+
+
+def test_step_probe_keeps_one_sampler_call_a_step(tiny_model_dir, monkeypatch):
+    """The probe's stand-in for the sampler answers the worker's other questions to it, so a step of several greedy
+    rows still samples them in one call (a bare function there sent every step down the row-by-row retry)."""
+    engine = build_engine(model=str(tiny_model_dir("llama")), num_kv_blocks=16)
+    for name in "abc":
+        engine.add_request(name, [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    rows_per_call: list[int] = []
+    original = Sampler.__call__
+
+    def counted(self, logits, requests, grammar_mask=None):
+        rows_per_call.append(len(requests))
+        return original(self, logits, requests, grammar_mask)
+
+    monkeypatch.setattr(Sampler, "__call__", counted)
+    probe = StepProbe(engine)
+    probe.step()
+    probe.step()
+    probe.close()
+    assert rows_per_call == [3, 3] and probe.totals["sampler"] > 0
+    assert isinstance(engine.worker.sampler, Sampler)  # put back
