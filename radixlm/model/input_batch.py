@@ -2,9 +2,9 @@
 
 All scheduled tokens of all requests (the chunks of a SchedulerOutput, with the block tables the worker keeps) form
 one `[1, T]` sequence. Per token: its id, its position in its own request, and the slot its K/V are written to. Per
-chunk: its rows and the slots of its context (`ChunkRows`: a slice of the cache when the context is one run of
-blocks, the usual case, see BlockPool; otherwise the slot of every position, to gather), from which the attention
-backend builds the forward's attention metadata.
+chunk: its rows and its block table (`ChunkRows`, which lists its context's slots for a backend that reads them: a
+slice of the cache when the context is one run of blocks, the usual case, see BlockPool; otherwise the slot of every
+position, to gather), from which the attention backend builds the forward's attention metadata.
 
 The rows whose logits the LM head computes (`logits_to_keep`) are the sampled rows (the last `num_sampled`
 positions of each sampling chunk, chunk by chunk), then the prompt rows asked for prompt logprobs, request by request.
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixlm.core.block_pool import cdiv
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention.backend import AttentionBackend, AttentionMetadata, ChunkRows
 from radixlm.model.attention.torch_backend import TorchAttentionBackend
@@ -69,10 +68,9 @@ class InputBatch:
             block_table = block_tables[chunk.request_id]
             token_ids.extend(chunk.token_ids)
             positions.extend(range(start, context_len))
-            context = _context_slots(block_table, context_len, block_size)
-            slots.extend(range(context.start + start, context.stop) if isinstance(context, slice)
-                         else context[start:].tolist())
-            layout.append(ChunkRows(chunk_row, start, context_len, chunk.num_sampled, block_table, context))
+            rows = ChunkRows(chunk_row, start, context_len, chunk.num_sampled, block_table, block_size)
+            slots.extend(rows.new_slots())
+            layout.append(rows)
             sampled_rows[index] = range(len(token_ids) - chunk.num_sampled, len(token_ids))
             lora_id = lora_ids.get(chunk.request_id, 0) if lora_ids else 0
             if lora_id:
@@ -103,23 +101,3 @@ def _packing_order(chunks: Sequence[ScheduledChunk], lora_ids: Mapping[str, int]
     if lora_ids:
         order.sort(key=lambda index: lora_ids.get(chunks[index].request_id, 0))
     return order
-
-
-def _first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
-    """Slot of position 0 when positions 0..context_len-1 live in one run of consecutive blocks (then their K/V
-    are one slice of the cache and attention reads them without a gather; see BlockPool)."""
-    num_blocks = cdiv(context_len, block_size)
-    first = block_table[0]
-    if block_table[:num_blocks] != list(range(first, first + num_blocks)):  # compared in C
-        return None
-    return first * block_size
-
-
-def _context_slots(block_table: list[int], context_len: int, block_size: int) -> slice | torch.Tensor:
-    """Slots of positions 0..context_len-1: a slice of the cache when they are one run, else a tensor to gather."""
-    first = _first_slot_if_contiguous(block_table, context_len, block_size)
-    if first is not None:
-        return slice(first, first + context_len)
-    positions = torch.arange(context_len)
-    blocks = torch.tensor(block_table[:cdiv(context_len, block_size)], dtype=torch.long)
-    return blocks[positions // block_size] * block_size + positions % block_size

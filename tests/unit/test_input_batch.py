@@ -3,16 +3,17 @@
 import torch
 
 from radixlm.core.step import ScheduledChunk, SchedulerOutput
-from radixlm.model.input_batch import InputBatch, _first_slot_if_contiguous
+from radixlm.model.attention.backend import first_slot_if_contiguous
+from radixlm.model.input_batch import InputBatch
 from radixlm.model.kv_cache import PagedKVCache
 
 
 def test_contiguity_detection():
-    assert _first_slot_if_contiguous([5, 6, 7], 10, 4) == 20
-    assert _first_slot_if_contiguous([5, 6, 9], 8, 4) == 20  # only the blocks the context uses count
-    assert _first_slot_if_contiguous([5, 6, 9], 9, 4) is None
-    assert _first_slot_if_contiguous([0, 2, 1, 3], 16, 4) is None  # right span, wrong order
-    assert _first_slot_if_contiguous([7], 3, 4) == 28
+    assert first_slot_if_contiguous([5, 6, 7], 10, 4) == 20
+    assert first_slot_if_contiguous([5, 6, 9], 8, 4) == 20  # only the blocks the context uses count
+    assert first_slot_if_contiguous([5, 6, 9], 9, 4) is None
+    assert first_slot_if_contiguous([0, 2, 1, 3], 16, 4) is None  # right span, wrong order
+    assert first_slot_if_contiguous([7], 3, 4) == 28
 
 
 def test_slots_of_runs_and_scattered_tables_agree():

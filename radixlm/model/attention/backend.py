@@ -32,12 +32,42 @@ class ChunkRows:
     context_len: int  # positions 0 .. context_len - 1 are attended after this step's K/V are written
     num_sampled: int  # its last rows whose logits are sampled (all of them: a decode, or one verifying drafts)
     block_table: list[int]  # its request's blocks, covering the context
-    context_slots: slice | torch.Tensor  # slots of positions 0 .. context_len - 1 on the host: a slice of the
-    # cache when they are one run of blocks, else an int64 tensor to gather
+    block_size: int
 
     @property
     def num_tokens(self) -> int:
         return self.context_len - self.start_position
+
+    @property
+    def context_slots(self) -> slice | torch.Tensor:
+        """Slots of positions 0 .. context_len - 1 on the host: a slice of the cache when they are one run of blocks,
+        else an int64 tensor to gather. Computed on each read: the C++ backend's decode rows read block tables, and
+        listing a shared prefix's 1,100 slots for each of 32 such rows cost 2 ms a step."""
+        first = first_slot_if_contiguous(self.block_table, self.context_len, self.block_size)
+        if first is not None:
+            return slice(first, first + self.context_len)
+        positions = torch.arange(self.context_len)
+        blocks = torch.tensor(self.block_table[:-(-self.context_len // self.block_size)], dtype=torch.long)
+        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def new_slots(self) -> range | list[int]:
+        """The slots this chunk's positions start_position .. context_len - 1 write their K/V to."""
+        first = first_slot_if_contiguous(self.block_table, self.context_len, self.block_size)
+        if first is not None:
+            return range(first + self.start_position, first + self.context_len)
+        size, table = self.block_size, self.block_table
+        return [table[position // size] * size + position % size
+                for position in range(self.start_position, self.context_len)]
+
+
+def first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
+    """Slot of position 0 when positions 0..context_len-1 live in one run of consecutive blocks (then their K/V
+    are one slice of the cache and attention reads them without a gather; see BlockPool)."""
+    num_blocks = -(-context_len // block_size)
+    first = block_table[0]
+    if block_table[:num_blocks] != list(range(first, first + num_blocks)):  # compared in C
+        return None
+    return first * block_size
 
 
 @dataclass
