@@ -223,14 +223,31 @@ at::Tensor checked_rows(const at::Tensor& input, const at::Tensor& weight, const
   return input.reshape({-1, K}).contiguous();
 }
 
+// The most rows of K inputs a call takes at once: every group reads x's rows again, which stays cheap while they stay
+// in L2 (about 1 MiB of them, 320 rows at most, 64 at least). More rows go in even chunks, each through every group.
+// The gated MLP projection runs here at any row count (its silu in the writes spares a pass over the [rows, 2I]
+// projection): against `F.linear` and `silu_and_mul` over the same rows, 256-row chunks took 0.94-0.97x the time at
+// 512 and 2,048 rows of the default model's gate/up weight (K 576) and 0.72-0.96x on the 1B shape's (K 2,048); on the
+// 8B shape's (K 4,096) 256-row chunks took 1.03-1.10x, 128-row ones 0.92-0.99x (cold weights, medians; a Xeon with
+// AMX, 2 threads).
+int64_t chunk_rows(int64_t K) {
+  return std::clamp<int64_t>((int64_t{1} << 20) / (2 * K) / kGroup * kGroup, 64, 320);
+}
+
 // Runs every group of the weight over x's rows into e (whose out is [M, e.stride]).
 void run(const at::Tensor& x, const at::Tensor& weight, const Epilogue& e) {
   const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1);
   if (M == 0) return;
-  const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>(), M, K);
-  const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
+  const int64_t num_chunks = (M + chunk_rows(K) - 1) / chunk_rows(K);
   const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
-  at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) { run_groups(w, pairs, e, M, K, g0, g1); });
+  for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+    const int64_t m0 = M * chunk / num_chunks, rows = M * (chunk + 1) / num_chunks - m0;
+    const std::vector<uint32_t> x_pairs = interleave_rows(x.data_ptr<at::BFloat16>() + m0 * K, rows, K);
+    const auto* pairs = reinterpret_cast<const at::BFloat16*>(x_pairs.data());
+    const Epilogue rows_e{e.bias, e.residual == nullptr ? nullptr : e.residual + m0 * e.stride,
+                          e.out + m0 * e.stride, e.stride, e.gated};
+    at::parallel_for(0, N / kGroup, 1, [&](int64_t g0, int64_t g1) { run_groups(w, pairs, rows_e, rows, K, g0, g1); });
+  }
 }
 
 std::vector<int64_t> out_shape(const at::Tensor& input, int64_t features) {

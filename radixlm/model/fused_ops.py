@@ -74,31 +74,30 @@ class FusedGatedMLP(nn.Module):
         self.down_proj = down
         weight = None if isinstance(gate, GGUFLinear) else gate.weight  # a GGUF linear has no weight tensor
         self._activation = _cpp_kernel("silu_and_mul", weight, (torch.bfloat16,)) if cpp_kernels else None
-        self._gated_max_elements = 0  # up to this many x elements, gate_up_proj.forward_gated (`interleave_halves`)
+        self._gated = False  # bfloat16 rows take gate_up_proj.forward_gated (`interleave_halves`)
 
     def interleave_halves(self) -> bool:
         """When gate_up_proj is a bias-free `Bf16Linear` on the AMX kernel: reorder its weight's rows so that the gate
-        and up halves alternate in blocks of 16, and run calls up to its row limit as one `amx_bf16_gated_linear`
-        (silu(gate) * up in the kernel's own writes: no pass over the [rows, 2I] projection, whose two halves the
-        threads wrote by columns, and no rounding of it), above that `F.linear` on the reordered weight and
-        `silu_and_mul` over the blocks; whether it did. The rows move in place (a weight on huge pages stays
-        there)."""
+        and up halves alternate in blocks of 16, and run bfloat16 rows through `amx_bf16_gated_linear` (silu(gate) *
+        up in the kernel's own writes: no pass over the [rows, 2I] projection, whose two halves the threads wrote by
+        columns, and no rounding of it; the kernel takes prefill-sized calls in chunks of rows); whether it did. The
+        rows move in place (a weight on huge pages stays there)."""
         gate_up = self.gate_up_proj
-        if (self._gated_max_elements or self._activation is None or not isinstance(gate_up, Bf16Linear)
+        if (self._gated or self._activation is None or not isinstance(gate_up, Bf16Linear)
                 or gate_up.kernel != AMX or gate_up.bias is not None or isinstance(gate_up.weight, DTensor)
                 or gate_up.out_features % 32):
             return False
         _reorder_halves(gate_up.weight, to_blocks=True)
-        self._gated_max_elements = gate_up.row_limit * gate_up.in_features
+        self._gated = True
         self._activation = direct_kernel("silu_and_mul_blocks16")
         return True
 
     def restore_halves(self) -> None:
         """Undo `interleave_halves` (LoRA adapters add their deltas to the two halves)."""
-        if not self._gated_max_elements:
+        if not self._gated:
             return
         _reorder_halves(self.gate_up_proj.weight, to_blocks=False)
-        self._gated_max_elements = 0
+        self._gated = False
         self._activation = direct_kernel("silu_and_mul")
 
     def pad_rows(self) -> bool:
@@ -111,13 +110,12 @@ class FusedGatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP's output, plus `residual` when given (`plus_residual`)."""
-        if (0 < x.numel() <= self._gated_max_elements and x.dtype == torch.bfloat16
-                and not torch.is_grad_enabled()):
+        if self._gated and x.numel() and x.dtype == torch.bfloat16 and not torch.is_grad_enabled():
             return plus_residual(self.down_proj, self.gate_up_proj.forward_gated(x), residual)
         gate_up = self.gate_up_proj(x)
         if self._activation is not None and gate_up.dtype == torch.bfloat16 and not torch.is_grad_enabled():
             return plus_residual(self.down_proj, self._activation(gate_up), residual)
-        if self._gated_max_elements:  # the halves interleaved by 16 (`interleave_halves`)
+        if self._gated:  # the halves interleaved by 16 (`interleave_halves`)
             blocks = gate_up.unflatten(-1, (-1, 2, 16))
             gate, up = blocks[..., 0, :].flatten(-2), blocks[..., 1, :].flatten(-2)
         else:

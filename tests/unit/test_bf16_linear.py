@@ -61,7 +61,7 @@ def test_kernel_matches_the_reference_at_every_row_count(bias, kernel_name):
     weight = torch.randn(160, 96).to(torch.bfloat16)
     bias_values = None if bias is None else torch.randn(160).to(bias)
     kernel = Bf16Linear(nn.Linear(96, 160, dtype=torch.bfloat16), kernel_name)._kernel
-    for rows in (1, 3, 15, 16, 17, 31, 32, 33, 48, 64, 100, 300):
+    for rows in (1, 3, 15, 16, 17, 31, 32, 33, 48, 64, 100, 300, 321, 700):  # above 320: the AMX kernel's chunks
         x = torch.randn(rows, 96).to(torch.bfloat16)
         assert_bf16_close(kernel(x, weight, bias_values), reference_linear(x, weight, bias_values))
     assert kernel(torch.zeros(2, 3, 96, dtype=torch.bfloat16), weight, None).shape == (2, 3, 160)
@@ -112,7 +112,7 @@ def test_kernel_adds_the_residual_in_its_writes(bias):
     weight = torch.randn(160, 96).to(torch.bfloat16)
     bias_values = None if bias is None else torch.randn(160).to(bias)
     kernel_add = Bf16Linear(nn.Linear(96, 160, dtype=torch.bfloat16))._kernel_add
-    for rows in (1, 15, 16, 17, 32, 33, 100):
+    for rows in (1, 15, 16, 17, 32, 33, 100, 333):  # 333: two chunks, each adding its own rows' residual
         x, residual = torch.randn(1, rows, 96).bfloat16(), (torch.randn(1, rows, 160) * 4).bfloat16()
         assert_bf16_close(kernel_add(x, weight, residual, bias_values),
                           reference_linear_add(x, weight, bias_values, residual))
@@ -136,7 +136,7 @@ def test_gated_kernel_is_silu_of_gate_times_up_rounded_once():
     gate, up = torch.randn(96, 64).bfloat16(), torch.randn(96, 64).bfloat16()
     weight = interleave_by_16(gate, up).contiguous()
     layer = Bf16Linear(nn.Linear(64, 192, bias=False, dtype=torch.bfloat16))
-    for rows in (1, 15, 16, 17, 32, 33, 100):
+    for rows in (1, 15, 16, 17, 32, 33, 100, 513):  # 513: two chunks of rows
         x = torch.randn(1, rows, 64).bfloat16()
         reference = (F.silu(x.float() @ gate.float().t()) * (x.float() @ up.float().t())).bfloat16()
         assert_bf16_close(layer._kernel_gated(x, weight), reference)

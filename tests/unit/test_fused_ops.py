@@ -136,9 +136,10 @@ def test_cpp_rotary_refuses_bad_arguments():
 
 @pytest.mark.skipif(not amx_available(), reason="needs radixlm._C and a CPU with AMX-BF16")
 def test_gated_mlp_on_interleaved_halves_computes_the_same():
-    """`interleave_halves` reorders the gate/up weight by blocks of 16 and runs silu in the AMX kernel's writes up to
-    its row limit, F.linear and the blocks' silu above, the torch path with autograd: every path within a bfloat16
-    rounding of the plain MLP's float32 result; LoRA adapters' set-up puts the weight back bit for bit."""
+    """`interleave_halves` reorders the gate/up weight by blocks of 16 and runs silu in the AMX kernel's writes for
+    bfloat16 rows (in chunks above 320), the blocks' silu after the projection for float32 rows, the torch path with
+    autograd: every path within a bfloat16 rounding of the plain MLP's float32 result; LoRA adapters' set-up puts the
+    weight back bit for bit."""
     import torch.nn.functional as F
     from torch import nn
 
@@ -160,13 +161,20 @@ def test_gated_mlp_on_interleaved_halves_computes_the_same():
         return hidden.bfloat16().float() @ down.weight.float().t()
 
     limit = mlp.gate_up_proj.row_limit
-    for rows in (1, 33, limit, limit + 1):
+    gated_rows: list[int] = []
+    forward_gated = mlp.gate_up_proj.forward_gated
+    mlp.gate_up_proj.forward_gated = lambda x: gated_rows.append(x.shape[-2]) or forward_gated(x)
+    for rows in (1, 33, limit, limit + 1, 700):
         x = torch.randn(1, rows, 64).bfloat16()
         with torch.inference_mode():
             got = mlp(x).float()
         torch.testing.assert_close(got, reference(x), rtol=2 ** -6, atol=2e-2)
+    assert gated_rows == [1, 33, limit, limit + 1, 700]  # prefill-sized calls too
+    del mlp.gate_up_proj.forward_gated
+    with torch.inference_mode():  # float32 rows: the projection (in bfloat16), then the blocks' silu
+        torch.testing.assert_close(mlp(x.float()).float(), reference(x), rtol=2 ** -6, atol=2e-2)
     with torch.enable_grad():
         got = mlp(x).float()
     torch.testing.assert_close(got, reference(x), rtol=2 ** -6, atol=2e-2)
     LoRAAdapters(holder)  # its gate and up deltas are laid out by halves
-    assert torch.equal(mlp.gate_up_proj.weight, plain_weight) and not mlp._gated_max_elements
+    assert torch.equal(mlp.gate_up_proj.weight, plain_weight) and not mlp._gated
