@@ -10,10 +10,10 @@ namespace radixlm {
 bool amx_bf16_available();
 
 // y = x W^T (+ b) in bfloat16, accumulated in float32: x bfloat16 [..., K]; W bfloat16 [N, K] contiguous, the plain
-// nn.Linear layout, N and K multiples of 32; bias (optional) float32 or bfloat16 [N]. Any number of rows; the
-// kernel is meant for up to a few hundred (it reads W once per 32 rows, and takes more than 320 in chunks). With `residual` (bfloat16, the output's
-// shape) the result is x W^T (+ b) + residual, rounded to bfloat16 once: a decoder layer's residual add in the
-// linear's own writes. Needs amx_bf16_available().
+// nn.Linear layout, N and K multiples of 32; bias (optional) float32 or bfloat16 [N]. Any number of rows: it reads W
+// once per 32 rows, and takes more rows than about 1 MiB of x in even chunks (64-320 rows by K). With `residual`
+// (bfloat16, the output's shape) the result is x W^T (+ b) + residual, rounded to bfloat16 once: a decoder layer's
+// residual add in the linear's own writes. Needs amx_bf16_available().
 at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                            const c10::optional<at::Tensor>& residual = c10::nullopt);
 

@@ -135,9 +135,9 @@ class Bf16Linear(nn.Module):
 
     def forward_gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of a gated MLP whose gate and up rows this weight holds interleaved by 16
-        (`FusedGatedMLP.interleave_halves`), for any number of bfloat16 rows: `amx_bf16_gated_linear`, which takes
-        more than 320 in chunks (0.89-0.97x the time of `F.linear` and a `silu_and_mul` pass at 512 and 2,048 rows, cold
-        weights of the default model and the 1B shape)."""
+        (`FusedGatedMLP.interleave_halves`), for any number of bfloat16 rows: `amx_bf16_gated_linear`, which takes a
+        prefill's rows in chunks (0.89-0.97x the time of `F.linear` and a `silu_and_mul` pass at 512 and 2,048 rows,
+        cold weights of the default model and the 1B shape)."""
         return self._kernel_gated(x, self.weight)
 
     def extra_repr(self) -> str:
