@@ -29,13 +29,17 @@ GROUP = 32  # the AMX kernel's output features per group, and both kernels' inpu
 AMX, DOT, PACKED = "amx", "dot", "packed"  # the kernels: AMX and DOT read the plain weight, PACKED its own layout
 # How many rows a call runs on the AMX kernel, `F.linear` above. The kernel reads x's rows again for every group of 32
 # outputs, which stays cheap while they fit in L2 beside the weight's group: up to `AMX_MIN_ROWS` rows always, up to
-# `AMX_MAX_ROWS` while x's rows take at most `AMX_ROW_BYTES`. Kernel against F.linear over the default model's
-# linears (K 576 and 1,536) at 128 / 192 / 256 / 320 rows: 1.21x / 1.14x / 1.10x / 1.11x; at 384: 0.80x. Over the
-# 1B shape's (K 2,048 and 8,192) at 96 / 128 / 160 / 192 / 256: 1.37x / 1.18x / 0.96x / 0.90x / 0.96x (medians of
-# five, one sitting, a Xeon with AMX, 2 threads).
+# `AMX_MAX_ROWS` while x's rows take at most `AMX_ROW_BYTES` (the kernel's own chunks of a larger call follow the same
+# 1 MiB, csrc/linear/amx_bf16.cpp). At 512 KiB, the default model's down projection (K 1,536) went to oneDNN from 171
+# rows and the 1B shape's K 2,048 projections from 129; at 1 MiB (320 and 256 rows), one engine alternating the two
+# limits in prefills (a Xeon with AMX, 2 threads): the default model's 200 / 287 tokens 1.069x / 1.153x faster, the 1B
+# shape's 200 / 256 tokens 1.058x / 1.048x. Wider x (K 4,096 and up) stays at 128 rows: the 8B shape's gate/up
+# projection lost with 256-row chunks. (The 2026-12-04 Xeon, kernel against F.linear in a micro over the 1B shape's
+# linears at 96 / 128 / 160 / 192 / 256 rows: 1.37x / 1.18x / 0.96x / 0.90x / 0.96x; in place, in whole prefills,
+# the kernel's residual and silu epilogues now count for it.)
 AMX_MIN_ROWS = 128
 AMX_MAX_ROWS = 320
-AMX_ROW_BYTES = 512 << 10
+AMX_ROW_BYTES = 1 << 20
 # The dot-product kernel reads x's rows from L1 for each group of 4 weight rows; past 32 rows oneDNN's matmul wins.
 DOT_MAX_ROWS = 32
 

@@ -39,7 +39,8 @@ def assert_bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def test_row_limit_keeps_x_in_cache_between_bounds():
-    assert amx_row_limit(576) == 320 and amx_row_limit(1536) == 170 and amx_row_limit(8192) == AMX_MIN_ROWS
+    assert amx_row_limit(576) == 320 and amx_row_limit(1536) == 320 and amx_row_limit(2048) == 256
+    assert amx_row_limit(4096) == amx_row_limit(8192) == AMX_MIN_ROWS
 
 
 def test_shapes_the_kernel_takes():
