@@ -238,7 +238,7 @@ int64_t chunk_rows(int64_t K) {
 void run(const at::Tensor& x, const at::Tensor& weight, const Epilogue& e) {
   const int64_t M = x.size(0), N = weight.size(0), K = weight.size(1);
   if (M == 0) return;
-  const int64_t num_chunks = (M + chunk_rows(K) - 1) / chunk_rows(K);
+  const int64_t most = chunk_rows(K), num_chunks = (M + most - 1) / most;
   const at::BFloat16* w = weight.data_ptr<at::BFloat16>();
   for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
     const int64_t m0 = M * chunk / num_chunks, rows = M * (chunk + 1) / num_chunks - m0;

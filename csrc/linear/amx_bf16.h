@@ -18,8 +18,8 @@ at::Tensor amx_bf16_linear(const at::Tensor& input, const at::Tensor& weight, co
                            const c10::optional<at::Tensor>& residual = c10::nullopt);
 
 // A gated MLP's silu(x G^T) * (x U^T) in one pass, for W [N, K] whose 32-row groups interleave the two: rows
-// 32g..32g+15 are G's rows 16g..16g+15, rows 32g+16..32g+31 U's same rows (`interleave_gate_up` in
-// radixlm/model/fused_ops.py). The result [..., N / 2] is rounded to bfloat16 once, from the float32 sums.
+// 32g..32g+15 are G's rows 16g..16g+15, rows 32g+16..32g+31 U's same rows (`FusedGatedMLP.interleave_halves`
+// in radixlm/model/fused_ops.py). The result [..., N / 2] is rounded to bfloat16 once, from the float32 sums.
 at::Tensor amx_bf16_gated_linear(const at::Tensor& input, const at::Tensor& weight);
 
 }  // namespace radixlm

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import torch
 
+from radixlm.core.block_pool import cdiv
+
 if TYPE_CHECKING:
     from radixlm.model.kv_cache import PagedKVCache
 
@@ -47,7 +49,7 @@ class ChunkRows:
         if first is not None:
             return slice(first, first + self.context_len)
         positions = torch.arange(self.context_len)
-        blocks = torch.tensor(self.block_table[:-(-self.context_len // self.block_size)], dtype=torch.long)
+        blocks = torch.tensor(self.block_table[:cdiv(self.context_len, self.block_size)], dtype=torch.long)
         return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def new_slots(self) -> range | list[int]:
@@ -63,7 +65,7 @@ class ChunkRows:
 def first_slot_if_contiguous(block_table: list[int], context_len: int, block_size: int) -> int | None:
     """Slot of position 0 when positions 0..context_len-1 live in one run of consecutive blocks (then their K/V
     are one slice of the cache and attention reads them without a gather; see BlockPool)."""
-    num_blocks = -(-context_len // block_size)
+    num_blocks = cdiv(context_len, block_size)
     first = block_table[0]
     if block_table[:num_blocks] != list(range(first, first + num_blocks)):  # compared in C
         return None
