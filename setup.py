@@ -33,7 +33,7 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
                "csrc/linear/linear.cpp", "csrc/linear/linear_int8.cpp", "csrc/linear/int8_scaling.cpp",
                "csrc/linear/linear_gguf.cpp", "csrc/linear/gguf_activations.cpp", "csrc/linear/gguf_portable.cpp",
                "csrc/linear/gguf_avx2.cpp", "csrc/linear/gguf_avx512.cpp", "csrc/linear/gguf_quantize_simd.cpp",
-               "csrc/linear/gguf_pack.cpp",
+               "csrc/linear/gguf_pack.cpp", "csrc/linear/gguf_amx.cpp",
                "csrc/linear/amx_bf16.cpp",
                "csrc/linear/bf16_dot.cpp", "csrc/linear/bf16_packed.cpp",
                "csrc/norm/rms_norm.cpp", "csrc/norm/rotary.cpp", "csrc/activation/silu_and_mul.cpp"]

@@ -20,7 +20,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "amx_bf16.h"
 #include "gguf_activations.h"
+#include "gguf_amx.h"
 #include "gguf_kernels.h"
 #include "isa.h"
 #include "kernel_checks.h"
@@ -49,8 +51,11 @@ const radixlm_gguf::TileFormat& find_format(int64_t ggml_type) {
 
 // `path` checked against the CPU, and 0 (best) resolved to the best path it runs.
 int64_t resolve_path(int64_t path) {
-  TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAvx512,
-              "gguf_linear: path must be 0 (best), 1 (portable), 2 (AVX2) or 3 (AVX-512 VNNI), got ", path);
+  TORCH_CHECK(path >= radixlm::kGgufPathBest && path <= radixlm::kGgufPathAmx,
+              "gguf_linear: path must be 0 (best), 1 (portable), 2 (AVX2), 3 (AVX-512 VNNI) or 4 (AMX), got ", path);
+  TORCH_CHECK(path != radixlm::kGgufPathAmx || radixlm::amx_bf16_available(),
+              "gguf_linear: this CPU cannot run the AMX path");
+  if (path == radixlm::kGgufPathAmx) return path;
   const bool avx512 = radixlm::isa::cpu_has_avx512(), avx2 = radixlm::isa::cpu_has_avx2();
   TORCH_CHECK(path != radixlm::kGgufPathAvx512 || avx512, "gguf_linear: this CPU cannot run the AVX-512 VNNI path");
   TORCH_CHECK(path != radixlm::kGgufPathAvx2 || avx2, "gguf_linear: this CPU cannot run the AVX2 path");
@@ -66,7 +71,7 @@ radixlm_gguf::TileKernel select_kernel(int64_t ggml_type, int64_t resolved_path)
 
 struct Part {
   const uint8_t* tiles;
-  int64_t tile_bytes, out_features, first_tile, first_column, super_weights, super_bytes;
+  int64_t type, tile_bytes, out_features, first_tile, first_column, super_weights, super_bytes;
   radixlm_gguf::TileKernel kernel;
 };
 
@@ -96,7 +101,7 @@ c10::SmallVector<Part, kMaxParts> collect_parts(at::TensorList tiles, at::IntArr
                 "gguf_linear: part ", i, " must be contiguous uint8 [", part_tiles, ", ", tile_bytes, "] (",
                 format.name,
                 ", ", out_features[i], " x ", k_dim, "), got ", tiles[i].scalar_type(), " ", tiles[i].sizes());
-    parts.push_back({tiles[i].data_ptr<uint8_t>(), tile_bytes, out_features[i], num_tiles, n_dim,
+    parts.push_back({tiles[i].data_ptr<uint8_t>(), types[i], tile_bytes, out_features[i], num_tiles, n_dim,
                      format.super_weights, format.super_bytes(), select_kernel(types[i], resolved_path)});
     n_dim += out_features[i];
     num_tiles += part_tiles;
@@ -191,6 +196,20 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   const at::Tensor x = input.contiguous();
   const int64_t m_dim = x.numel() / k_dim;
   at::Tensor out = radixlm::empty_output(x, n_dim);
+  if (resolved_path == radixlm::kGgufPathAmx) {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "gguf_linear: the AMX path takes bfloat16 x, got ", x.scalar_type());
+    c10::SmallVector<radixlm_gguf::AmxPart, kMaxParts> amx_parts;
+    for (const Part& part : parts) {
+      amx_parts.push_back({part.tiles, part.type, part.tile_bytes, part.out_features, part.first_column});
+    }
+    if (m_dim > 0) {
+      radixlm_gguf::amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m_dim, k_dim,
+                               amx_parts.data(), static_cast<int64_t>(amx_parts.size()),
+                               bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                               reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n_dim);
+    }
+    return out;
+  }
   if (m_dim == 0) return out;
   const bool bf16_out = x.scalar_type() == at::kBFloat16;
   const QuantizedRows rows = bf16_out ? quantize_rows(x.data_ptr<at::BFloat16>(), m_dim, k_dim, resolved_path)

@@ -6,11 +6,14 @@ modules keep those bits, so a 4-bit model takes its 4-bit size in memory and a d
 - with radixlm._C built, a weight is regrouped once into the kernel's tiles (`radixlm.model.gguf_tiles`, the same
   bits in another order; its `gguf_pack_tiles` writes them) and `gguf_linear` multiplies int8 activations
   (quantized per 32 values) by it at every row count, decode and prefill alike (csrc/linear/linear_gguf.cpp);
+  except that on a CPU with AMX, bfloat16 calls of `AMX_MIN_ROWS` rows or more (prefill chunks, and the decode rows
+  that share a step with one) take its AMX path: the rows as they are, times the weight dequantized to bfloat16 on
+  the tiles (csrc/linear/gguf_amx.cpp), 2-3.4x the int8 kernel's rate at 64-1,024 rows of a 1B Q4_K_M file;
 - without it, the weight stays in the file's rows and the same product is computed in PyTorch:
   `F.linear(quantize_activations(x), dequantize(W))`, one slice of the weight at a time (the reference the kernel
   is tested against).
 
-Either way a row's output does not depend on the rows it shares a forward with.
+A row's output does not depend on the rows it shares a forward with, except through that choice of path.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.bf16_linear import amx_available
 from radixlm.model.gguf_blocks import BLOCK_FORMATS, dequantize, row_bytes
 from radixlm.model.gguf_tiles import num_tiles, quantize_activations, tile_bytes
 from radixlm.model.huge_pages import HugePageArena
 from radixlm.model.ops import direct_kernel, extension_error
 
 # Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
-PATH_BEST, PATH_PORTABLE, PATH_AVX2, PATH_AVX512 = 0, 1, 2, 3
+PATH_BEST, PATH_PORTABLE, PATH_AVX2, PATH_AVX512, PATH_AMX = 0, 1, 2, 3, 4
+# The fewest bfloat16 rows a call runs on the AMX path (the weight dequantized once a call, so it pays with many rows):
+# against the int8 kernel on a 1B Q4_K_M file's Q4_K / Q6_K weights (a Xeon with AMX, 2 threads) at 16 rows 0.83x /
+# 0.71x, at 32 1.46x / 1.30x, at 64 2.08x / 1.88x, at 256 3.16x / 2.96x.
+AMX_MIN_ROWS = 32
 WEIGHT_SLICE_FLOATS = 1 << 22  # 16 MiB of float32 weights per dequantized slice (the PyTorch path)
 MAX_PARTS = 8  # parts of one fused linear (csrc/linear/linear_gguf.cpp's kMaxParts)
 
@@ -131,6 +139,7 @@ class GGUFLinear(nn.Module):
             raise ValueError(f"bias must have shape [{self.out_features}], got {list(bias.shape)}")
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._kernels = kernels
+        self._amx = kernels is not None and amx_available()
         # The kernel's arguments, built once. Plain attributes, not buffers: the weights are CPU-only and never saved.
         self._tiles = tuple(part.tiles for part in parts)
         self._types = tuple(part.ggml_type for part in parts)
@@ -150,7 +159,9 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self._kernels is not None:
-            out = self._kernels.linear(rows, self._tiles, self._types, self._outs, self.bias)
+            amx = self._amx and rows.dtype == torch.bfloat16 and rows.shape[0] >= AMX_MIN_ROWS
+            out = self._kernels.linear(rows, self._tiles, self._types, self._outs, self.bias,
+                                       PATH_AMX if amx else PATH_BEST)
         else:
             out = self.reference_forward(rows)
         return out.reshape(*x.shape[:-1], self.out_features)

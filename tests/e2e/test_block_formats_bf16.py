@@ -1,5 +1,6 @@
 """GGUF block formats in a bfloat16 model (`--quantization q8_0 | q4_0 ... --dtype bfloat16`): the linears keep their
-blocks and int8 activations, the kernel takes bfloat16 rows and rounds its float32 sums to bfloat16, the norms,
+blocks and int8 activations (on a CPU with AMX, calls of many rows multiply the rows as they are by the weight
+dequantized to bfloat16 instead), the kernel takes bfloat16 rows and rounds its float32 sums to bfloat16, the norms,
 attention and KV cache are bfloat16. The PyTorch path (`GGUFLinear.reference_forward`) does the same arithmetic in
 another summation order, so the same engine on it gives the same greedy tokens but where a bfloat16 rounding decides a
 near tie: where two runs part, each had the other's token within a near tie of its own (their logprobs, the context

@@ -1,0 +1,249 @@
+// The GGUF linear's AMX path (gguf_amx.h): bfloat16 rows times a GGUF weight whose tiles are dequantized to bfloat16,
+// a block of them at a time, straight into AMX's operand layout, then multiplied on the tiles.
+//
+// Why: the VNNI kernels (gguf_avx512.cpp) reach 450-490 GOP/s on two cores of a Xeon with AMX at 16-1,024 rows of
+// a 1B Q4_K_M file, where the bfloat16 tiles run the same products at 1-1.4 TOP/s. Prefill chunks are many rows
+// times each weight once, so unpacking the weight once a call costs little beside the products; a decode step reads
+// each weight once for a few rows, and stays on the VNNI kernels (the Python side picks by row count).
+//
+// Layout. A GGUF tile holds 16 output features side by side, a 32-bit lane each, so a K-block of it (32 weights of
+// each feature) becomes one B operand directly: 16 lines of 16 lanes, line j holding each feature's weights j and
+// 16 + j as a bfloat16 pair (AMX multiplies pairs). The rows of x are copied once with the same pairing in every
+// block of 32 (x[j], x[16 + j] side by side: `pair_rows`), so A is 16 rows of x as they lie in that copy, and each
+// product tile is 16 rows of x by 16 features: the output's own orientation, stored without a transpose.
+//
+// Work. A unit is up to kUnitBytes of one part's tiles, dequantized into the thread's scratch (it stays in L2),
+// then every pass of 32 rows of x runs over it two tiles at a time (products 0-3: rows 0-15 and 16-31 by the two
+// tiles; A 4, 5; B 6, 7). Units go to the threads dynamically.
+#include "gguf_amx.h"
+
+#include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../amx_tiles.h"
+#include "gguf_kernels.h"
+
+namespace radixlm_gguf {
+namespace {
+
+constexpr int64_t kPairs = 16;                 // lines of a B operand: the pairs of a K-block
+constexpr int64_t kOperandWords = 16 * 16;     // 32-bit words of one operand tile (1 KiB)
+constexpr int64_t kUnitBytes = int64_t{1} << 20;  // dequantized bytes of one unit (in L2 beside a pass of x)
+
+// Word j of the result holds 16-bit values j and 16 + j of `v`: the pairing of every K-block (see the header).
+RADIXLM_AMX inline __m512i pair_halves(__m512i v) {
+  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(index, v);
+}
+
+// Line j of a B operand: lane f the bfloat16 pair (lo[f], hi[f]).
+RADIXLM_AMX inline void store_line(uint32_t* line, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(line, pair_halves(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
+}
+
+RADIXLM_AMX inline __m512 halves16(const uint8_t* p) {  // 16 float16 values as float32
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+RADIXLM_AMX inline __m512 bytes16(const uint8_t* p) {  // 16 unsigned bytes as float32
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+RADIXLM_AMX inline __m512 signed_bytes16(const uint8_t* p) {  // 16 signed bytes as float32
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// A K-block of a 4-bit layout (quants: vector p, lane f's byte i holds weight 4p + i of feature f in its low nibble
+// and 16 + 4p + i in its high one) as q * scale + offset, features as lanes.
+RADIXLM_AMX void nibble_block(const uint8_t* quants, __m512 scale, __m512 offset, uint32_t* b) {
+  const __m512i low4 = _mm512_set1_epi32(15);
+  for (int p = 0; p < 4; ++p) {
+    const __m512i v = _mm512_loadu_si512(quants + 64 * p);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
+      store_line(b + (4 * p + i) * 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), scale, offset),
+                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), scale, offset));
+    }
+  }
+}
+
+// Q8_0 (vector g, byte i: weight 4g + i stored as q + 128), Q6_K (nibbles as above, then two vectors of 2-bit high
+// parts: vector h, bits 2c of byte i belong to weight 4(4h + c) + i; the value (q - 32) times its half's scale).
+RADIXLM_AMX void q8_0_block(const uint8_t* super, uint32_t* b) {
+  const __m512 d = halves16(super);
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  for (int g = 0; g < 4; ++g) {
+    const __m512i lo_v = _mm512_xor_si512(_mm512_loadu_si512(super + 32 + 64 * g), flip);
+    const __m512i hi_v = _mm512_xor_si512(_mm512_loadu_si512(super + 32 + 64 * (g + 4)), flip);
+    for (int i = 0; i < 4; ++i) {
+      const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(lo_v, 24 - 8 * i), 24);
+      const __m512i hi = _mm512_srai_epi32(_mm512_slli_epi32(hi_v, 24 - 8 * i), 24);
+      store_line(b + (4 * g + i) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+  }
+}
+
+RADIXLM_AMX void q6_k_block(const uint8_t* super, int j, uint32_t* b) {
+  const __m512 d = halves16(super);
+  const __m512 scale0 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j)));
+  const __m512 scale1 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j + 1)));
+  const uint8_t* quants = super + 288 + 384 * j;
+  const __m512i high0 = _mm512_loadu_si512(quants + 256), high1 = _mm512_loadu_si512(quants + 320);
+  const __m512i low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+  for (int p = 0; p < 4; ++p) {
+    const __m512i v = _mm512_loadu_si512(quants + 64 * p);
+    for (int i = 0; i < 4; ++i) {
+      const int shift = 8 * i + 2 * p;  // the high part's two bits for weight 4p + i (and 16 + 4p + i)
+      __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
+      lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high0, shift), low2), 4));
+      hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high1, shift), low2), 4));
+      store_line(b + (4 * p + i) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, bias)), scale0),
+                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, bias)), scale1));
+    }
+  }
+}
+
+// K-block kb of a tile as a B operand (kOperandWords words at b).
+RADIXLM_AMX void dequantize_block(int64_t type, const uint8_t* tile, int64_t kb, uint32_t* b) {
+  switch (type) {
+    case kQ8_0: q8_0_block(tile + kb * 544, b); break;
+    case kQ4_0: {
+      const uint8_t* super = tile + kb * 288;
+      const __m512 d = halves16(super);
+      nibble_block(super + 32, d, _mm512_mul_ps(d, _mm512_set1_ps(-8.f)), b);
+      break;
+    }
+    case kQ4_1: {
+      const uint8_t* super = tile + kb * 320;
+      nibble_block(super + 64, halves16(super), halves16(super + 32), b);
+      break;
+    }
+    case kQ4_K: {  // (d scale) q - (dmin min)
+      const uint8_t* super = tile + kb / 8 * 2368;
+      const int j = static_cast<int>(kb % 8);
+      const __m512 scale = _mm512_mul_ps(halves16(super), bytes16(super + 64 + 16 * j));
+      const __m512 offset = _mm512_mul_ps(halves16(super + 32), bytes16(super + 192 + 16 * j));
+      nibble_block(super + 320 + 256 * j, scale, _mm512_sub_ps(_mm512_setzero_ps(), offset), b);
+      break;
+    }
+    default: q6_k_block(tile + kb / 8 * 3360, static_cast<int>(kb % 8), b); break;
+  }
+}
+
+// A unit: tiles [first, first + count) of one part.
+struct Unit {
+  const AmxPart* part;
+  int64_t first, count;
+};
+
+// Rows [m, m + rows) (rows <= 32) of x's paired copy times tiles t and t + 1 (`two`) of the unit, whose operands are
+// at `b` (K / 32 of them per tile), into out with the bias.
+RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, const uint32_t* b_first,
+                            const uint32_t* b_second, bool two, const float* bias, uint16_t* out, int64_t N,
+                            int64_t column, int64_t cols) {
+  alignas(64) float c[32 * 32];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t stride = K * 2;
+  for (int64_t kb = 0; kb < K / 32; ++kb) {
+    _tile_loadd(4, x_pairs + m * K + kb * 32, stride);
+    _tile_loadd(5, x_pairs + (m + 16) * K + kb * 32, stride);
+    _tile_loadd(6, b_first + kb * kOperandWords, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(2, 5, 6);
+    if (two) {
+      _tile_loadd(7, b_second + kb * kOperandWords, 64);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(2, c + 16 * 32, 128);
+  if (two) {
+    _tile_stored(1, c + 16, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+  }
+  for (int64_t half = 0; half < (two ? 2 : 1); ++half) {
+    const int64_t n = std::min<int64_t>(16, cols - 16 * half);
+    if (n <= 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+    const __m512 add = bias ? _mm512_maskz_loadu_ps(mask, bias + column + 16 * half) : _mm512_setzero_ps();
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 value = _mm512_add_ps(_mm512_loadu_ps(c + r * 32 + 16 * half), add);
+      _mm256_mask_storeu_epi16(out + (m + r) * N + column + 16 * half, mask,
+                               reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(value)));
+    }
+  }
+}
+
+RADIXLM_AMX void run_unit(const Unit& unit, const uint16_t* x_pairs, int64_t M, int64_t K, const float* bias,
+                          uint16_t* out, int64_t N, std::vector<uint32_t>& scratch) {
+  const AmxPart& part = *unit.part;
+  const int64_t blocks = K / 32, per_tile = blocks * kOperandWords;
+  scratch.resize(unit.count * per_tile);
+  for (int64_t t = 0; t < unit.count; ++t) {
+    const uint8_t* tile = part.tiles + (unit.first + t) * part.tile_bytes;
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      dequantize_block(part.type, tile, kb, scratch.data() + t * per_tile + kb * kOperandWords);
+    }
+  }
+  for (int64_t m = 0; m < M; m += 32) {
+    const int64_t rows = std::min<int64_t>(32, M - m);
+    for (int64_t t = 0; t < unit.count; t += 2) {
+      const int64_t local = (unit.first + t) * kTileRows;  // the tile's first feature within its part
+      const int64_t cols = std::min<int64_t>(32, part.out_features - local);
+      pass_tiles(x_pairs, m, rows, K, scratch.data() + t * per_tile, scratch.data() + (t + 1) * per_tile,
+                 t + 1 < unit.count, bias, out, N, part.first_column + local, cols);
+    }
+  }
+}
+
+RADIXLM_AMX void pair_row_range(const uint16_t* x, int64_t K, int64_t r0, int64_t r1, uint16_t* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t k = 0; k < K; k += 32) {
+      _mm512_storeu_si512(out + r * K + k, pair_halves(_mm512_loadu_si512(x + r * K + k)));
+    }
+  }
+}
+
+// x's rows, paired within each K-block (see the header), padded with zero rows to a multiple of 32.
+std::vector<uint16_t> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
+  std::vector<uint16_t> out((M + 31) / 32 * 32 * K, 0);
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { pair_row_range(x, K, r0, r1, out.data()); });
+  return out;
+}
+
+}  // namespace
+
+void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, int64_t num_parts, const float* bias,
+                uint16_t* out, int64_t N) {
+  const std::vector<uint16_t> x_pairs = pair_rows(x, M, K);
+  // Units of an even number of tiles (the passes take two at a time), at most kUnitBytes of operands.
+  const int64_t unit_tiles = std::max<int64_t>(2, kUnitBytes / (K / 32 * kOperandWords * 4) / 2 * 2);
+  std::vector<Unit> units;
+  for (int64_t p = 0; p < num_parts; ++p) {
+    const int64_t tiles = (parts[p].out_features + kTileRows - 1) / kTileRows;
+    for (int64_t t = 0; t < tiles; t += unit_tiles) units.push_back({&parts[p], t, std::min(unit_tiles, tiles - t)});
+  }
+  const int64_t num_units = static_cast<int64_t>(units.size());
+  const int num_threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), num_units));
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<uint32_t> scratch;
+    radixlm::amx::configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < num_units; ++u) run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch);
+    radixlm::amx::release_tiles();
+  }
+}
+
+}  // namespace radixlm_gguf
