@@ -143,38 +143,12 @@ struct Unit {
   int64_t first, count;
 };
 
-// Rows [m, m + rows) (rows <= 32) of x's paired copy times tiles t and t + 1 (`two`) of the unit, whose operands are
-// at `b` (K / 32 of them per tile), into out with the bias.
-RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, const uint32_t* b_first,
-                            const uint32_t* b_second, bool two, const float* bias, uint16_t* out, int64_t N,
+// The product tiles' rows [0, rows) (c: 32 x 32 float32, rows of x by the two tiles' features), plus the bias,
+// rounded to bfloat16 into out's rows from m, columns [column, column + cols) (cols <= 32).
+RADIXLM_AMX void store_rows(const float* c, int64_t m, int64_t rows, const float* bias, uint16_t* out, int64_t N,
                             int64_t column, int64_t cols) {
-  alignas(64) float c[32 * 32];
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const int64_t stride = K * 2;
-  for (int64_t kb = 0; kb < K / 32; ++kb) {
-    _tile_loadd(4, x_pairs + m * K + kb * 32, stride);
-    _tile_loadd(5, x_pairs + (m + 16) * K + kb * 32, stride);
-    _tile_loadd(6, b_first + kb * kOperandWords, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(2, 5, 6);
-    if (two) {
-      _tile_loadd(7, b_second + kb * kOperandWords, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  _tile_stored(0, c, 128);
-  _tile_stored(2, c + 16 * 32, 128);
-  if (two) {
-    _tile_stored(1, c + 16, 128);
-    _tile_stored(3, c + 16 * 32 + 16, 128);
-  }
-  for (int64_t half = 0; half < (two ? 2 : 1); ++half) {
+  for (int64_t half = 0; half < 2 && cols > 16 * half; ++half) {
     const int64_t n = std::min<int64_t>(16, cols - 16 * half);
-    if (n <= 0) break;
     const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
     const __m512 add = bias ? _mm512_maskz_loadu_ps(mask, bias + column + 16 * half) : _mm512_setzero_ps();
     for (int64_t r = 0; r < rows; ++r) {
@@ -185,6 +159,58 @@ RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, in
   }
 }
 
+// One K-block's products: A 4 (x's rows 0-15 of the pass) and, with kLower, 5 (rows 16-31), times B 6 (the first
+// tile) and, with kTwo, 7 (the second), into products 0-3 (rows 0-15 / 16-31 by tile one / two: 0, 1 / 2, 3).
+template <bool kLower, bool kTwo>
+RADIXLM_AMX inline void block_products(const uint16_t* a, int64_t stride, const uint32_t* b_first,
+                                       const uint32_t* b_second) {
+  _tile_loadd(4, a, stride);
+  if (kLower) _tile_loadd(5, a + 16 * stride / 2, stride);
+  _tile_loadd(6, b_first, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if (kLower) _tile_dpbf16ps(2, 5, 6);
+  if (kTwo) {
+    _tile_loadd(7, b_second, 64);
+    _tile_dpbf16ps(1, 4, 7);
+    if (kLower) _tile_dpbf16ps(3, 5, 7);
+  }
+}
+
+// Rows [m, m + rows) (rows <= 32) of x's paired copy times the unit's tiles t and t + 1 (`two`), into out. The B
+// operands of a tile's K-block kb: `operand(tile, kb)` (0 the first, 1 the second).
+template <bool kLower, bool kTwo, typename Operand>
+RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, Operand operand,
+                            const float* bias, uint16_t* out, int64_t N, int64_t column, int64_t cols) {
+  alignas(64) float c[32 * 32];
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < K / 32; ++kb) {
+    block_products<kLower, kTwo>(x_pairs + m * K + kb * 32, K * 2, operand(0, kb), kTwo ? operand(1, kb) : nullptr);
+  }
+  _tile_stored(0, c, 128);
+  _tile_stored(1, c + 16, 128);
+  if (kLower) {
+    _tile_stored(2, c + 16 * 32, 128);
+    _tile_stored(3, c + 16 * 32 + 16, 128);
+  }
+  store_rows(c, m, rows, bias, out, N, column, kTwo ? cols : std::min<int64_t>(16, cols));
+}
+
+template <typename Operand>
+RADIXLM_AMX void pass(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, bool two, Operand operand,
+                      const float* bias, uint16_t* out, int64_t N, int64_t column, int64_t cols) {
+  if (rows > 16) {
+    two ? pass_tiles<true, true>(x_pairs, m, rows, K, operand, bias, out, N, column, cols)
+        : pass_tiles<true, false>(x_pairs, m, rows, K, operand, bias, out, N, column, cols);
+  } else {
+    two ? pass_tiles<false, true>(x_pairs, m, rows, K, operand, bias, out, N, column, cols)
+        : pass_tiles<false, false>(x_pairs, m, rows, K, operand, bias, out, N, column, cols);
+  }
+}
+
+// A unit with many rows: its tiles dequantized once into `scratch` (in L2), then every pass of 32 rows over them.
 RADIXLM_AMX void run_unit(const Unit& unit, const uint16_t* x_pairs, int64_t M, int64_t K, const float* bias,
                           uint16_t* out, int64_t N, std::vector<uint32_t>& scratch) {
   const AmxPart& part = *unit.part;
@@ -197,13 +223,32 @@ RADIXLM_AMX void run_unit(const Unit& unit, const uint16_t* x_pairs, int64_t M, 
     }
   }
   for (int64_t m = 0; m < M; m += 32) {
-    const int64_t rows = std::min<int64_t>(32, M - m);
     for (int64_t t = 0; t < unit.count; t += 2) {
       const int64_t local = (unit.first + t) * kTileRows;  // the tile's first feature within its part
-      const int64_t cols = std::min<int64_t>(32, part.out_features - local);
-      pass_tiles(x_pairs, m, rows, K, scratch.data() + t * per_tile, scratch.data() + (t + 1) * per_tile,
-                 t + 1 < unit.count, bias, out, N, part.first_column + local, cols);
+      const uint32_t* first = scratch.data() + t * per_tile;
+      const auto operand = [&](int which, int64_t kb) { return first + which * per_tile + kb * kOperandWords; };
+      pass(x_pairs, m, std::min<int64_t>(32, M - m), K, t + 1 < unit.count, operand, bias, out, N,
+           part.first_column + local, part.out_features - local);
     }
+  }
+}
+
+// A unit with at most 32 rows (one pass): each K-block of a tile pair dequantized just before its products, into
+// two operands that stay in L1 (a decode step reads each weight once; a round trip through L2 would cost more).
+RADIXLM_AMX void stream_unit(const Unit& unit, const uint16_t* x_pairs, int64_t M, int64_t K, const float* bias,
+                             uint16_t* out, int64_t N) {
+  const AmxPart& part = *unit.part;
+  alignas(64) uint32_t operands[2][2][kOperandWords];  // by K-block parity: a block's loads and the next's writes
+  for (int64_t t = 0; t < unit.count; t += 2) {
+    const uint8_t* tile = part.tiles + (unit.first + t) * part.tile_bytes;
+    const bool two = t + 1 < unit.count;
+    const auto operand = [&](int which, int64_t kb) {
+      uint32_t* b = operands[kb & 1][which];
+      dequantize_block(part.type, tile + which * part.tile_bytes, kb, b);
+      return static_cast<const uint32_t*>(b);
+    };
+    const int64_t local = (unit.first + t) * kTileRows;
+    pass(x_pairs, 0, M, K, two, operand, bias, out, N, part.first_column + local, part.out_features - local);
   }
 }
 
@@ -241,7 +286,13 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, i
     std::vector<uint32_t> scratch;
     radixlm::amx::configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < num_units; ++u) run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch);
+    for (int64_t u = 0; u < num_units; ++u) {
+      if (M <= 32) {
+        stream_unit(units[u], x_pairs.data(), M, K, bias, out, N);
+      } else {
+        run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch);
+      }
+    }
     radixlm::amx::release_tiles();
   }
 }
