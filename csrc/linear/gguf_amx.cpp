@@ -12,9 +12,11 @@
 // block of 32 (x[j], x[16 + j] side by side: `pair_rows`), so A is 16 rows of x as they lie in that copy, and each
 // product tile is 16 rows of x by 16 features: the output's own orientation, stored without a transpose.
 //
-// Work. A unit is up to kUnitBytes of one part's tiles, dequantized into the thread's scratch (it stays in L2),
-// then every pass of 32 rows of x runs over it two tiles at a time (products 0-3: rows 0-15 and 16-31 by the two
-// tiles; A 4, 5; B 6, 7). Units go to the threads dynamically.
+// Work. A unit is up to 16 tiles of one part. With more than 32 rows, a slice of K of its tiles (at most kUnitBytes
+// of operands) is dequantized into the thread's scratch (it stays in L2), then every pass of 32 rows of x runs over it
+// two tiles at a time (products 0-3: rows 0-15 and 16-31 by the two tiles; A 4, 5; B 6, 7), partial sums kept between
+// slices. With 32 rows or fewer, each K-block is dequantized just before its products. Units go to the threads
+// dynamically.
 #include "gguf_amx.h"
 
 #include <ATen/Parallel.h>
@@ -32,7 +34,8 @@ namespace {
 
 constexpr int64_t kPairs = 16;                 // lines of a B operand: the pairs of a K-block
 constexpr int64_t kOperandWords = 16 * 16;     // 32-bit words of one operand tile (1 KiB)
-constexpr int64_t kUnitBytes = int64_t{1} << 20;  // dequantized bytes of one unit (in L2 beside a pass of x)
+constexpr int64_t kUnitBytes = int64_t{1} << 20;  // dequantized bytes of a unit's slice of K (in L2 beside x's pass)
+constexpr int64_t kUnitTiles = 16;  // tiles of a unit (256 features), an even number: the passes take two at a time
 
 // Word j of the result holds 16-bit values j and 16 + j of `v`: the pairing of every K-block (see the header).
 RADIXLM_AMX inline __m512i pair_halves(__m512i v) {
@@ -176,18 +179,46 @@ RADIXLM_AMX inline void block_products(const uint16_t* a, int64_t stride, const 
   }
 }
 
-// Rows [m, m + rows) (rows <= 32) of x's paired copy times the unit's tiles t and t + 1 (`two`), into out. The B
-// operands of a tile's K-block kb: `operand(tile, kb)` (0 the first, 1 the second).
+// Where a pass's products go: with `acc` null, straight to out (plus the bias) after all of K; else the pass covers
+// a slice of K, its products start from acc's partial sums (unless `first`) and go back there (unless `last`, which
+// writes out). acc holds the unit's rows by its features, `acc_ld` floats a row, the pass's two tiles from `acc_col`.
+struct PassOutput {
+  const float* bias;
+  uint16_t* out;
+  int64_t N, column, cols;
+  float* acc;
+  int64_t acc_ld, acc_col;
+  bool first, last;
+};
+
+// Rows [m, m + rows) (rows <= 32) of x's paired copy times a tile pair (the second only with kTwo) over K-blocks
+// [kb0, kb1). The B operands of a tile's K-block kb: `operand(tile, kb)` (0 the first, 1 the second).
 template <bool kLower, bool kTwo, typename Operand>
-RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, Operand operand,
-                            const float* bias, uint16_t* out, int64_t N, int64_t column, int64_t cols) {
+RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, int64_t kb0, int64_t kb1,
+                            Operand operand, const PassOutput& o) {
   alignas(64) float c[32 * 32];
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kb = 0; kb < K / 32; ++kb) {
+  float* partial = o.acc == nullptr ? nullptr : o.acc + m * o.acc_ld + o.acc_col;
+  const int64_t partial_stride = o.acc_ld * 4;
+  if (partial == nullptr || o.first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, partial, partial_stride);
+    _tile_loadd(1, partial + 16, partial_stride);
+    _tile_loadd(2, partial + 16 * o.acc_ld, partial_stride);
+    _tile_loadd(3, partial + 16 * o.acc_ld + 16, partial_stride);
+  }
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
     block_products<kLower, kTwo>(x_pairs + m * K + kb * 32, K * 2, operand(0, kb), kTwo ? operand(1, kb) : nullptr);
+  }
+  if (partial != nullptr && !o.last) {
+    _tile_stored(0, partial, partial_stride);
+    _tile_stored(1, partial + 16, partial_stride);
+    _tile_stored(2, partial + 16 * o.acc_ld, partial_stride);
+    _tile_stored(3, partial + 16 * o.acc_ld + 16, partial_stride);
+    return;
   }
   _tile_stored(0, c, 128);
   _tile_stored(1, c + 16, 128);
@@ -195,40 +226,51 @@ RADIXLM_AMX void pass_tiles(const uint16_t* x_pairs, int64_t m, int64_t rows, in
     _tile_stored(2, c + 16 * 32, 128);
     _tile_stored(3, c + 16 * 32 + 16, 128);
   }
-  store_rows(c, m, rows, bias, out, N, column, kTwo ? cols : std::min<int64_t>(16, cols));
+  store_rows(c, m, rows, o.bias, o.out, o.N, o.column, kTwo ? o.cols : std::min<int64_t>(16, o.cols));
 }
 
 template <typename Operand>
-RADIXLM_AMX void pass(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, bool two, Operand operand,
-                      const float* bias, uint16_t* out, int64_t N, int64_t column, int64_t cols) {
+RADIXLM_AMX void pass(const uint16_t* x_pairs, int64_t m, int64_t rows, int64_t K, int64_t kb0, int64_t kb1, bool two,
+                      Operand operand, const PassOutput& o) {
   if (rows > 16) {
-    two ? pass_tiles<true, true>(x_pairs, m, rows, K, operand, bias, out, N, column, cols)
-        : pass_tiles<true, false>(x_pairs, m, rows, K, operand, bias, out, N, column, cols);
+    two ? pass_tiles<true, true>(x_pairs, m, rows, K, kb0, kb1, operand, o)
+        : pass_tiles<true, false>(x_pairs, m, rows, K, kb0, kb1, operand, o);
   } else {
-    two ? pass_tiles<false, true>(x_pairs, m, rows, K, operand, bias, out, N, column, cols)
-        : pass_tiles<false, false>(x_pairs, m, rows, K, operand, bias, out, N, column, cols);
+    two ? pass_tiles<false, true>(x_pairs, m, rows, K, kb0, kb1, operand, o)
+        : pass_tiles<false, false>(x_pairs, m, rows, K, kb0, kb1, operand, o);
   }
 }
 
-// A unit with many rows: its tiles dequantized once into `scratch` (in L2), then every pass of 32 rows over them.
+// A unit with many rows: its tiles dequantized into `scratch` (in L2) a slice of K at a time (kUnitBytes of operands),
+// then every pass of 32 rows over the slice. Every row of x is read once per slice of the unit, whose tiles (up to
+// kUnitTiles) share the read; with K in slices, the partial sums wait in `acc` between them.
 RADIXLM_AMX void run_unit(const Unit& unit, const uint16_t* x_pairs, int64_t M, int64_t K, const float* bias,
-                          uint16_t* out, int64_t N, std::vector<uint32_t>& scratch) {
+                          uint16_t* out, int64_t N, std::vector<uint32_t>& scratch, std::vector<float>& acc) {
   const AmxPart& part = *unit.part;
-  const int64_t blocks = K / 32, per_tile = blocks * kOperandWords;
-  scratch.resize(unit.count * per_tile);
-  for (int64_t t = 0; t < unit.count; ++t) {
-    const uint8_t* tile = part.tiles + (unit.first + t) * part.tile_bytes;
-    for (int64_t kb = 0; kb < blocks; ++kb) {
-      dequantize_block(part.type, tile, kb, scratch.data() + t * per_tile + kb * kOperandWords);
+  const int64_t blocks = K / 32;
+  const int64_t slice = std::clamp<int64_t>(kUnitBytes / (unit.count * kOperandWords * 4), 1, blocks);
+  const int64_t acc_ld = (unit.count + 1) / 2 * 2 * kTileRows;  // a lone last tile's pair has columns here too
+  if (slice < blocks) acc.resize((M + 31) / 32 * 32 * acc_ld);
+  scratch.resize(unit.count * slice * kOperandWords);
+  for (int64_t kb0 = 0; kb0 < blocks; kb0 += slice) {
+    const int64_t kb1 = std::min(blocks, kb0 + slice), per_tile = (kb1 - kb0) * kOperandWords;
+    for (int64_t t = 0; t < unit.count; ++t) {
+      const uint8_t* tile = part.tiles + (unit.first + t) * part.tile_bytes;
+      for (int64_t kb = kb0; kb < kb1; ++kb) {
+        dequantize_block(part.type, tile, kb, scratch.data() + t * per_tile + (kb - kb0) * kOperandWords);
+      }
     }
-  }
-  for (int64_t m = 0; m < M; m += 32) {
-    for (int64_t t = 0; t < unit.count; t += 2) {
-      const int64_t local = (unit.first + t) * kTileRows;  // the tile's first feature within its part
-      const uint32_t* first = scratch.data() + t * per_tile;
-      const auto operand = [&](int which, int64_t kb) { return first + which * per_tile + kb * kOperandWords; };
-      pass(x_pairs, m, std::min<int64_t>(32, M - m), K, t + 1 < unit.count, operand, bias, out, N,
-           part.first_column + local, part.out_features - local);
+    for (int64_t m = 0; m < M; m += 32) {
+      for (int64_t t = 0; t < unit.count; t += 2) {
+        const int64_t local = (unit.first + t) * kTileRows;  // the tile's first feature within its part
+        const uint32_t* first = scratch.data() + t * per_tile;
+        const auto operand = [&](int which, int64_t kb) {
+          return first + which * per_tile + (kb - kb0) * kOperandWords;
+        };
+        const PassOutput o{bias, out, N, part.first_column + local, part.out_features - local,
+                           slice < blocks ? acc.data() : nullptr, acc_ld, t * kTileRows, kb0 == 0, kb1 == blocks};
+        pass(x_pairs, m, std::min<int64_t>(32, M - m), K, kb0, kb1, t + 1 < unit.count, operand, o);
+      }
     }
   }
 }
@@ -248,7 +290,8 @@ RADIXLM_AMX void stream_unit(const Unit& unit, const uint16_t* x_pairs, int64_t 
       return static_cast<const uint32_t*>(b);
     };
     const int64_t local = (unit.first + t) * kTileRows;
-    pass(x_pairs, 0, M, K, two, operand, bias, out, N, part.first_column + local, part.out_features - local);
+    const PassOutput o{bias, out, N, part.first_column + local, part.out_features - local, nullptr, 0, 0, true, true};
+    pass(x_pairs, 0, M, K, 0, K / 32, two, operand, o);
   }
 }
 
@@ -272,8 +315,7 @@ std::vector<uint16_t> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
 void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, int64_t num_parts, const float* bias,
                 uint16_t* out, int64_t N) {
   const std::vector<uint16_t> x_pairs = pair_rows(x, M, K);
-  // Units of an even number of tiles (the passes take two at a time), at most kUnitBytes of operands.
-  const int64_t unit_tiles = std::max<int64_t>(2, kUnitBytes / (K / 32 * kOperandWords * 4) / 2 * 2);
+  const int64_t unit_tiles = kUnitTiles;
   std::vector<Unit> units;
   for (int64_t p = 0; p < num_parts; ++p) {
     const int64_t tiles = (parts[p].out_features + kTileRows - 1) / kTileRows;
@@ -284,13 +326,14 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, i
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<uint32_t> scratch;
+    std::vector<float> acc;
     radixlm::amx::configure_tiles();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < num_units; ++u) {
       if (M <= 32) {
         stream_unit(units[u], x_pairs.data(), M, K, bias, out, N);
       } else {
-        run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch);
+        run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch, acc);
       }
     }
     radixlm::amx::release_tiles();

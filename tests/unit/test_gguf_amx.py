@@ -53,12 +53,13 @@ def test_amx_path_equals_the_dequantized_weight_in_bfloat16(ggml_type):
 
 @needs_amx
 def test_amx_path_with_long_rows_and_special_values():
-    """K of 2,560 (units of fewer tiles than a part has), and a NaN in x poisoning its row only."""
+    """K of 2,560: a unit of 16 tiles takes K in two slices (1 MiB of operands each), its partial sums kept between
+    them, beside units of an odd number of tiles; a last pass of 6 rows; a NaN in x poisons its row only."""
     kernels = extension()
-    tiles, weight = _parts([12, 14], [96, 40], 2560)
+    tiles, weight = _parts([12, 14], [300, 40], 2560)
     x = torch.randn(70, 2560, generator=torch.Generator().manual_seed(3)).bfloat16()
     x[5, 100] = float("nan")
-    out = kernels.gguf_linear(x, tiles, [12, 14], [96, 40], None, PATH_AMX)
+    out = kernels.gguf_linear(x, tiles, [12, 14], [300, 40], None, PATH_AMX)
     assert out[5].isnan().all() and not out[torch.arange(70) != 5].isnan().any()
     keep = torch.arange(70) != 5
     _close(out[keep], F.linear(x[keep].float(), weight.bfloat16().float()))
