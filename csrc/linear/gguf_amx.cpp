@@ -27,118 +27,14 @@
 #include <vector>
 
 #include "../amx_tiles.h"
+#include "gguf_amx_operands.h"
 #include "gguf_kernels.h"
 
 namespace radixlm_gguf {
 namespace {
 
-constexpr int64_t kPairs = 16;                 // lines of a B operand: the pairs of a K-block
-constexpr int64_t kOperandWords = 16 * 16;     // 32-bit words of one operand tile (1 KiB)
 constexpr int64_t kUnitBytes = int64_t{1} << 20;  // dequantized bytes of a unit's slice of K (in L2 beside x's pass)
 constexpr int64_t kUnitTiles = 16;  // tiles of a unit (256 features), an even number: the passes take two at a time
-
-// Word j of the result holds 16-bit values j and 16 + j of `v`: the pairing of every K-block (see the header).
-RADIXLM_AMX inline __m512i pair_halves(__m512i v) {
-  const __m512i index = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(index, v);
-}
-
-// Line j of a B operand: lane f the bfloat16 pair (lo[f], hi[f]).
-RADIXLM_AMX inline void store_line(uint32_t* line, __m512 lo, __m512 hi) {
-  _mm512_storeu_si512(line, pair_halves(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
-}
-
-RADIXLM_AMX inline __m512 halves16(const uint8_t* p) {  // 16 float16 values as float32
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-RADIXLM_AMX inline __m512 bytes16(const uint8_t* p) {  // 16 unsigned bytes as float32
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-RADIXLM_AMX inline __m512 signed_bytes16(const uint8_t* p) {  // 16 signed bytes as float32
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-// A K-block of a 4-bit layout (quants: vector p, lane f's byte i holds weight 4p + i of feature f in its low nibble
-// and 16 + 4p + i in its high one) as q * scale + offset, features as lanes.
-RADIXLM_AMX void nibble_block(const uint8_t* quants, __m512 scale, __m512 offset, uint32_t* b) {
-  const __m512i low4 = _mm512_set1_epi32(15);
-  for (int p = 0; p < 4; ++p) {
-    const __m512i v = _mm512_loadu_si512(quants + 64 * p);
-    for (int i = 0; i < 4; ++i) {
-      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
-      store_line(b + (4 * p + i) * 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), scale, offset),
-                 _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), scale, offset));
-    }
-  }
-}
-
-// Q8_0 (vector g, byte i: weight 4g + i stored as q + 128), Q6_K (nibbles as above, then two vectors of 2-bit high
-// parts: vector h, bits 2c of byte i belong to weight 4(4h + c) + i; the value (q - 32) times its half's scale).
-RADIXLM_AMX void q8_0_block(const uint8_t* super, uint32_t* b) {
-  const __m512 d = halves16(super);
-  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
-  for (int g = 0; g < 4; ++g) {
-    const __m512i lo_v = _mm512_xor_si512(_mm512_loadu_si512(super + 32 + 64 * g), flip);
-    const __m512i hi_v = _mm512_xor_si512(_mm512_loadu_si512(super + 32 + 64 * (g + 4)), flip);
-    for (int i = 0; i < 4; ++i) {
-      const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(lo_v, 24 - 8 * i), 24);
-      const __m512i hi = _mm512_srai_epi32(_mm512_slli_epi32(hi_v, 24 - 8 * i), 24);
-      store_line(b + (4 * g + i) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d), _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
-    }
-  }
-}
-
-RADIXLM_AMX void q6_k_block(const uint8_t* super, int j, uint32_t* b) {
-  const __m512 d = halves16(super);
-  const __m512 scale0 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j)));
-  const __m512 scale1 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j + 1)));
-  const uint8_t* quants = super + 288 + 384 * j;
-  const __m512i high0 = _mm512_loadu_si512(quants + 256), high1 = _mm512_loadu_si512(quants + 320);
-  const __m512i low4 = _mm512_set1_epi32(15), low2 = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
-  for (int p = 0; p < 4; ++p) {
-    const __m512i v = _mm512_loadu_si512(quants + 64 * p);
-    for (int i = 0; i < 4; ++i) {
-      const int shift = 8 * i + 2 * p;  // the high part's two bits for weight 4p + i (and 16 + 4p + i)
-      __m512i lo = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), low4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 8 * i + 4), low4);
-      lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high0, shift), low2), 4));
-      hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high1, shift), low2), 4));
-      store_line(b + (4 * p + i) * 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(lo, bias)), scale0),
-                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(hi, bias)), scale1));
-    }
-  }
-}
-
-// K-block kb of a tile as a B operand (kOperandWords words at b).
-RADIXLM_AMX void dequantize_block(int64_t type, const uint8_t* tile, int64_t kb, uint32_t* b) {
-  switch (type) {
-    case kQ8_0: q8_0_block(tile + kb * 544, b); break;
-    case kQ4_0: {
-      const uint8_t* super = tile + kb * 288;
-      const __m512 d = halves16(super);
-      nibble_block(super + 32, d, _mm512_mul_ps(d, _mm512_set1_ps(-8.f)), b);
-      break;
-    }
-    case kQ4_1: {
-      const uint8_t* super = tile + kb * 320;
-      nibble_block(super + 64, halves16(super), halves16(super + 32), b);
-      break;
-    }
-    case kQ4_K: {  // (d scale) q - (dmin min)
-      const uint8_t* super = tile + kb / 8 * 2368;
-      const int j = static_cast<int>(kb % 8);
-      const __m512 scale = _mm512_mul_ps(halves16(super), bytes16(super + 64 + 16 * j));
-      const __m512 offset = _mm512_mul_ps(halves16(super + 32), bytes16(super + 192 + 16 * j));
-      nibble_block(super + 320 + 256 * j, scale, _mm512_sub_ps(_mm512_setzero_ps(), offset), b);
-      break;
-    }
-    default: q6_k_block(tile + kb / 8 * 3360, static_cast<int>(kb % 8), b); break;
-  }
-}
 
 // A unit: tiles [first, first + count) of one part.
 struct Unit {
