@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "../amx_tiles.h"
@@ -199,10 +200,13 @@ RADIXLM_AMX void pair_row_range(const uint16_t* x, int64_t K, int64_t r0, int64_
   }
 }
 
-// x's rows, paired within each K-block (see the header), padded with zero rows to a multiple of 32.
-std::vector<uint16_t> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
-  std::vector<uint16_t> out((M + 31) / 32 * 32 * K, 0);
-  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { pair_row_range(x, K, r0, r1, out.data()); });
+// x's rows, paired within each K-block (see the header), padded with zero rows to a multiple of 32 (only those are
+// cleared: a prefill's copy is tens of MB).
+std::unique_ptr<uint16_t[]> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
+  const int64_t padded = (M + 31) / 32 * 32;
+  std::unique_ptr<uint16_t[]> out(new uint16_t[padded * K]);
+  std::fill(out.get() + M * K, out.get() + padded * K, uint16_t{0});
+  at::parallel_for(0, M, 16, [&](int64_t r0, int64_t r1) { pair_row_range(x, K, r0, r1, out.get()); });
   return out;
 }
 
@@ -210,7 +214,7 @@ std::vector<uint16_t> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
 
 void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, int64_t num_parts, const float* bias,
                 uint16_t* out, int64_t N) {
-  const std::vector<uint16_t> x_pairs = pair_rows(x, M, K);
+  const std::unique_ptr<uint16_t[]> x_pairs = pair_rows(x, M, K);
   const int64_t unit_tiles = kUnitTiles;
   std::vector<Unit> units;
   for (int64_t p = 0; p < num_parts; ++p) {
@@ -227,9 +231,9 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, i
 #pragma omp for schedule(dynamic, 1)
     for (int64_t u = 0; u < num_units; ++u) {
       if (M <= 32) {
-        stream_unit(units[u], x_pairs.data(), M, K, bias, out, N);
+        stream_unit(units[u], x_pairs.get(), M, K, bias, out, N);
       } else {
-        run_unit(units[u], x_pairs.data(), M, K, bias, out, N, scratch, acc);
+        run_unit(units[u], x_pairs.get(), M, K, bias, out, N, scratch, acc);
       }
     }
     radixlm::amx::release_tiles();
