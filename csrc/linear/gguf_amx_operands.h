@@ -107,7 +107,8 @@ RADIXLM_AMX void q6_k_block(const uint8_t* super, int j, uint32_t* b) {
 
 // K-block kb of a tile as a B operand (kOperandWords words at b). Not inlined into the product loops: the build that
 // inlined it ran Q6_K's 256-row products at 1,108-1,153 GOP/s against 1,722-1,783 (a noisy machine; two sittings).
-__attribute__((noinline)) RADIXLM_AMX void dequantize_block(int64_t type, const uint8_t* tile, int64_t kb, uint32_t* b) {
+__attribute__((noinline)) RADIXLM_AMX void dequantize_block(int64_t type, const uint8_t* tile, int64_t kb,
+                                                            uint32_t* b) {
   switch (type) {
     case kQ8_0: q8_0_block(tile + kb * 544, b); break;
     case kQ4_0: {

@@ -6,9 +6,10 @@ modules keep those bits, so a 4-bit model takes its 4-bit size in memory and a d
 - with radixlm._C built, a weight is regrouped once into the kernel's tiles (`radixlm.model.gguf_tiles`, the same
   bits in another order; its `gguf_pack_tiles` writes them) and `gguf_linear` multiplies int8 activations
   (quantized per 32 values) by it at every row count, decode and prefill alike (csrc/linear/linear_gguf.cpp);
-  except that on a CPU with AMX, bfloat16 calls of `AMX_MIN_ROWS` rows or more (prefill chunks, and the decode rows
-  that share a step with one) take its AMX path: the rows as they are, times the weight dequantized to bfloat16 on
-  the tiles (csrc/linear/gguf_amx.cpp), 2-3.4x the int8 kernel's rate at 64-1,024 rows of a 1B Q4_K_M file;
+  except that on a CPU with AMX, bfloat16 calls of `AMX_MIN_ROWS` rows or more (prefill chunks, the decode rows
+  that share a step with one, decode steps of 20 rows or more) take its AMX path: the rows as they are, times the
+  weight dequantized to bfloat16 on the tiles (csrc/linear/gguf_amx.cpp), 1.2-3.7x the int8 kernel's rate at
+  20-1,024 rows of a 1B Q4_K_M file;
 - without it, the weight stays in the file's rows and the same product is computed in PyTorch:
   `F.linear(quantize_activations(x), dequantize(W))`, one slice of the weight at a time (the reference the kernel
   is tested against).
@@ -34,9 +35,10 @@ from radixlm.model.ops import direct_kernel, extension_error
 # Path ids of radixlm._C.gguf_linear's last argument (radixlm._C.gguf_linear_paths() lists what the CPU runs).
 PATH_BEST, PATH_PORTABLE, PATH_AVX2, PATH_AVX512, PATH_AMX = 0, 1, 2, 3, 4
 # The fewest bfloat16 rows a call runs on the AMX path (the weight dequantized once a call, so it pays with many rows):
-# against the int8 kernel on a 1B Q4_K_M file's Q4_K / Q6_K weights (a Xeon with AMX, 2 threads) at 16 rows 0.83x /
-# 0.71x, at 32 1.46x / 1.30x, at 64 2.08x / 1.88x, at 256 3.16x / 2.96x.
-AMX_MIN_ROWS = 32
+# against the int8 kernel on a 1B Q4_K_M file's Q4_K / Q6_K weights (a Xeon with AMX, 2 threads, each path in turn
+# in one process) at 8 rows 0.52x / 0.56x, at 16 1.00x / 1.08x, at 17 1.00-1.06x / 1.07x, at 20 1.13-1.16x / 1.17-1.20x,
+# at 24 1.39x / 1.35x, at 256 3.2x / 3.1x.
+AMX_MIN_ROWS = 20
 WEIGHT_SLICE_FLOATS = 1 << 22  # 16 MiB of float32 weights per dequantized slice (the PyTorch path)
 MAX_PARTS = 8  # parts of one fused linear (csrc/linear/linear_gguf.cpp's kMaxParts)
 
