@@ -215,11 +215,10 @@ std::unique_ptr<uint16_t[]> pair_rows(const uint16_t* x, int64_t M, int64_t K) {
 void amx_linear(const uint16_t* x, int64_t M, int64_t K, const AmxPart* parts, int64_t num_parts, const float* bias,
                 uint16_t* out, int64_t N) {
   const std::unique_ptr<uint16_t[]> x_pairs = pair_rows(x, M, K);
-  const int64_t unit_tiles = kUnitTiles;
   std::vector<Unit> units;
   for (int64_t p = 0; p < num_parts; ++p) {
     const int64_t tiles = (parts[p].out_features + kTileRows - 1) / kTileRows;
-    for (int64_t t = 0; t < tiles; t += unit_tiles) units.push_back({&parts[p], t, std::min(unit_tiles, tiles - t)});
+    for (int64_t t = 0; t < tiles; t += kUnitTiles) units.push_back({&parts[p], t, std::min(kUnitTiles, tiles - t)});
   }
   const int64_t num_units = static_cast<int64_t>(units.size());
   const int num_threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), num_units));

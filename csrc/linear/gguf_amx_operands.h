@@ -9,6 +9,7 @@
 
 #include "../isa.h"
 #include "gguf_kernels.h"
+#include "gguf_vec512.h"
 
 namespace radixlm_gguf {
 namespace {
@@ -25,18 +26,6 @@ RADIXLM_AMX inline __m512i pair_halves(__m512i v) {
 // Line j of a B operand: lane f the bfloat16 pair (lo[f], hi[f]).
 RADIXLM_AMX inline void store_line(uint32_t* line, __m512 lo, __m512 hi) {
   _mm512_storeu_si512(line, pair_halves(reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo))));
-}
-
-RADIXLM_AMX inline __m512 halves16(const uint8_t* p) {  // 16 float16 values as float32
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-RADIXLM_AMX inline __m512 bytes16(const uint8_t* p) {  // 16 unsigned bytes as float32
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-RADIXLM_AMX inline __m512 signed_bytes16(const uint8_t* p) {  // 16 signed bytes as float32
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
 // A K-block of a 4-bit layout (quants: vector p, lane f's byte i holds weight 4p + i of feature f in its low nibble
@@ -87,8 +76,8 @@ RADIXLM_AMX inline __m512i high_bits(__m512i high, int p) {
 // and 5), then taken apart byte by byte; (q - 32) scale as one fused multiply-add with -32 scale, which is exact.
 RADIXLM_AMX void q6_k_block(const uint8_t* super, int j, uint32_t* b) {
   const __m512 d = halves16(super);
-  const __m512 scale0 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j)));
-  const __m512 scale1 = _mm512_mul_ps(d, signed_bytes16(super + 32 + 16 * (2 * j + 1)));
+  const __m512 scale0 = _mm512_mul_ps(d, bytes16(super + 32 + 16 * (2 * j), true));
+  const __m512 scale1 = _mm512_mul_ps(d, bytes16(super + 32 + 16 * (2 * j + 1), true));
   const __m512 offset0 = _mm512_mul_ps(scale0, _mm512_set1_ps(-32.f));
   const __m512 offset1 = _mm512_mul_ps(scale1, _mm512_set1_ps(-32.f));
   const uint8_t* quants = super + 288 + 384 * j;
@@ -125,9 +114,9 @@ __attribute__((noinline)) RADIXLM_AMX void dequantize_block(int64_t type, const 
     case kQ4_K: {  // (d scale) q - (dmin min)
       const uint8_t* super = tile + kb / 8 * 2368;
       const int j = static_cast<int>(kb % 8);
-      const __m512 scale = _mm512_mul_ps(halves16(super), bytes16(super + 64 + 16 * j));
-      const __m512 offset = _mm512_mul_ps(halves16(super + 32), bytes16(super + 192 + 16 * j));
-      nibble_block(super + 320 + 256 * j, scale, _mm512_sub_ps(_mm512_setzero_ps(), offset), b);
+      const __m512 scale = _mm512_mul_ps(halves16(super), bytes16(super + 64 + 16 * j, false));
+      const __m512 offset = _mm512_mul_ps(halves16(super + 32), bytes16(super + 192 + 16 * j, false));
+      nibble_block(super + 320 + 256 * j, scale, negate(offset), b);
       break;
     }
     default: q6_k_block(tile + kb / 8 * 3360, static_cast<int>(kb % 8), b); break;

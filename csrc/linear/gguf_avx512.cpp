@@ -10,6 +10,7 @@
 // only after isa::cpu_has_avx512().
 
 #include "gguf_kernels.h"
+#include "gguf_vec512.h"
 #include "isa.h"
 
 // GCC 12 reports the undefined pass-through operands inside its own AVX-512 intrinsics (the conversions, the
@@ -26,19 +27,6 @@ namespace {
 RADIXLM_AVX512 inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int8_t* p) {
   asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
   return acc;
-}
-
-RADIXLM_AVX512 inline __m512 halves16(const uint8_t* p) {  // 16 float16 values, one a row
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-RADIXLM_AVX512 inline __m512 bytes16(const uint8_t* p, bool is_signed) {  // 16 bytes, one a row, as floats
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
-}
-
-RADIXLM_AVX512 inline __m512 negate(__m512 v) {  // -v exactly as C++'s unary minus (the sign bit flipped)
-  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
 }
 
 // 4-bit quants of one K-block: vector p's low nibbles are group p, its high ones group p + 4.

@@ -196,21 +196,20 @@ at::Tensor radixlm::gguf_linear(const at::Tensor& input, at::TensorList tiles, a
   const at::Tensor x = input.contiguous();
   const int64_t m_dim = x.numel() / k_dim;
   at::Tensor out = radixlm::empty_output(x, n_dim);
+  TORCH_CHECK(resolved_path != radixlm::kGgufPathAmx || x.scalar_type() == at::kBFloat16,
+              "gguf_linear: the AMX path takes bfloat16 x, got ", x.scalar_type());
+  if (m_dim == 0) return out;
   if (resolved_path == radixlm::kGgufPathAmx) {
-    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "gguf_linear: the AMX path takes bfloat16 x, got ", x.scalar_type());
     c10::SmallVector<radixlm_gguf::AmxPart, kMaxParts> amx_parts;
     for (const Part& part : parts) {
       amx_parts.push_back({part.tiles, part.type, part.tile_bytes, part.out_features, part.first_column});
     }
-    if (m_dim > 0) {
-      radixlm_gguf::amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m_dim, k_dim,
-                               amx_parts.data(), static_cast<int64_t>(amx_parts.size()),
-                               bias.has_value() ? bias->data_ptr<float>() : nullptr,
-                               reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n_dim);
-    }
+    radixlm_gguf::amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m_dim, k_dim,
+                             amx_parts.data(), static_cast<int64_t>(amx_parts.size()),
+                             bias.has_value() ? bias->data_ptr<float>() : nullptr,
+                             reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), n_dim);
     return out;
   }
-  if (m_dim == 0) return out;
   const bool bf16_out = x.scalar_type() == at::kBFloat16;
   const QuantizedRows rows = bf16_out ? quantize_rows(x.data_ptr<at::BFloat16>(), m_dim, k_dim, resolved_path)
                                       : quantize_rows(x.data_ptr<float>(), m_dim, k_dim, resolved_path);
