@@ -19,6 +19,8 @@
 #include "../linear/amx_bf16.h"
 #include "key_packing.h"
 #include "prefill_blocks.h"
+#include "prefill_resident.h"
+#include "prefill_tiles.h"
 
 namespace radixlm_cascade {
 
@@ -55,8 +57,13 @@ RADIXLM_AMX void attend_members(const Problem& p, const SharedProblem& sp, const
   }
   begin_rows(p, w, rows);
   const auto last_key = [&](int64_t) { return g.num_keys - 1; };  // every row sees every block whole: no mask
-  for (int64_t b = 0; b < g.num_keys / kKeys; ++b) {
-    amx_block(p, w, rows, b, p.key_block(base + b, h), p.value_block(base + b, h), last_key);
+  if (p.head_dim <= kResidentDim) {
+    const auto blocks = [&](int64_t b) { return std::pair{p.key_block(base + b, h), p.value_block(base + b, h)}; };
+    resident_rows(p, w, rows, blocks, last_key);
+  } else {
+    for (int64_t b = 0; b < g.num_keys / kKeys; ++b) {
+      amx_block(p, w, rows, b, p.key_block(base + b, h), p.value_block(base + b, h), last_key);
+    }
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t head = h * p.rep + r % p.rep;

@@ -11,8 +11,9 @@
 // of dot products), and, for each pair of consecutive keys, their D values interleaved (`vp`, so the probabilities of
 // two keys multiply 16 dimensions at once), which are also the tiles' B operands as they are. A work item is a run
 // of query positions of one chunk and one KV head, with every query head that shares it (up to 64 rows); it walks
-// the key blocks its rows may see with an online softmax (prefill_blocks.h), its scores, probabilities and output in
-// float32 scratch, and writes each row once.
+// the key blocks its rows may see with an online softmax (prefill_blocks.h; on AMX tiles prefill_resident.h for head
+// sizes up to 64, which keeps each 16 rows' output on the tiles, and prefill_tiles.h above), its scores,
+// probabilities and output in float32 scratch, and writes each row once.
 //
 // The paged entry takes every chunk of a step in one call, reading K/V from the cache through block tables. Chunks
 // that share a cached prefix (the same cache blocks) share its packed key blocks: a shared prefix is packed once
@@ -32,6 +33,8 @@
 #include "../linear/amx_bf16.h"
 #include "key_packing.h"
 #include "prefill_blocks.h"
+#include "prefill_resident.h"
+#include "prefill_tiles.h"
 
 namespace {
 
@@ -52,6 +55,32 @@ struct Segment {
   std::vector<int64_t> groups;
 };
 
+// The item's `rows` rows (begun) over key blocks first .. last of chunk `s`, a block at a time: on the tiles for head
+// sizes above kResidentDim, else on the dot product.
+template <typename Position>
+RADIXLM_AVX512_BF16 void attend_blocks(const Problem& p, const Segment& s, Scratch& w, int64_t h, int64_t rows,
+                                       int64_t first, int64_t last, Position position) {
+  using namespace radixlm_prefill;
+  for (int64_t b = first; b <= last; ++b) {
+    const uint32_t* kblock = p.key_block(s.groups[b], h);
+    const uint32_t* vblock = p.value_block(s.groups[b], h);
+    if (p.tiles) {
+      amx_block(p, w, rows, b, kblock, vblock, position);
+      continue;
+    }
+    int64_t r0 = 0;
+    for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
+    for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
+    if (sees_whole(p, 0, rows, b * kKeys, kKeys, position)) {
+      whole_step_softmax<kKeyVecs>(p, w, 0, rows);
+    } else {
+      for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, position(r), b * kKeys);
+    }
+    for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
+    for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
+  }
+}
+
 // Positions t0 .. t1 - 1 of chunk `s` with KV head h and all its query heads: row r is position t0 + r / rep of
 // query head h * rep + r % rep.
 RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch& w, int64_t h, int64_t t0,
@@ -63,20 +92,13 @@ RADIXLM_AVX512_BF16 void attend_item(const Problem& p, const Segment& s, Scratch
   }
   begin_rows(p, w, rows);
   const auto position = [&](int64_t r) { return offset + t0 + r / p.rep; };
-  const int64_t first = p.first_key(offset + t0) / kKeys, last = (offset + t1 - 1) / kKeys;
-  for (int64_t b = first; b <= last; ++b) {
-    const uint32_t* kblock = p.key_block(s.groups[b], h);
-    const uint32_t* vblock = p.value_block(s.groups[b], h);
-    if (p.tiles) {
-      amx_block(p, w, rows, b, kblock, vblock, position);
-      continue;
-    }
-    int64_t r0 = 0;
-    for (; r0 + 4 <= rows; r0 += 4) block_scores<4>(p, w, r0, kblock);
-    for (; r0 < rows; ++r0) block_scores<1>(p, w, r0, kblock);
-    for (int64_t r = 0; r < rows; ++r) block_softmax(p, w, r, position(r), b);
-    for (r0 = 0; r0 + 4 <= rows; r0 += 4) row_tile<4>(p, w, r0, vblock);
-    for (; r0 < rows; ++r0) row_tile<1>(p, w, r0, vblock);
+  if (p.tiles && p.head_dim <= kResidentDim) {
+    const auto blocks = [&](int64_t b) {
+      return std::pair{p.key_block(s.groups[b], h), p.value_block(s.groups[b], h)};
+    };
+    resident_rows(p, w, rows, blocks, position);
+  } else {
+    attend_blocks(p, s, w, h, rows, p.first_key(offset + t0) / kKeys, (offset + t1 - 1) / kKeys, position);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const float inverse = 1.f / row_sum(w, r);

@@ -51,7 +51,7 @@ struct Scratch {  // one thread's, for one item at a time; `rows` a multiple of 
 };
 
 // Internal linkage: with it GCC inlines these steps into the item loop as it did when they lived in the .cpp file
-// (as plain inline functions the 2,000-token kernel ran 13% slower). Include this header from one file only.
+// (as plain inline functions the 2,000-token kernel ran 13% slower). Each file that includes it gets its own copy.
 namespace {
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
@@ -92,64 +92,120 @@ RADIXLM_AVX512_BF16 inline void block_scores(const Problem& p, Scratch& w, int64
   }
 }
 
-// Row r's online softmax step over block b: its probabilities (bfloat16 pairs), running max and sum, and the factor
-// its output so far is scaled by. The sum is kept as 16 lanes (summed once, at the end: w.row_sum), and the max is
-// reduced across lanes only when some score passes the running max (most blocks of a long row pass none).
-RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int64_t r, int64_t position, int64_t b) {
-  float* s = w.scores.data() + r * kKeys;
+// How far a score may pass a row's running max before the max is raised (natural units: 2^8). Below it the
+// probabilities exp(x - max) stay under 256, which float32 sums and bfloat16 probabilities hold with their usual
+// relative precision, and a row's output is rescaled a few times over a long context instead of at nearly every
+// step of its first blocks (with the output on the tiles each rescale is a store and a reload of them).
+constexpr float kMaxSlack = 8 * 0.693147180559945f;
+
+// Row r's probabilities exp(x - max) for the 16 kVecs keys of x (lanes outside `valid` 0) into its row of w.probs
+// (bfloat16 pairs), and their sum into its 16 lanes of w.sum after scaling those by alpha.
+template <int kVecs>
+RADIXLM_AVX512_BF16 inline void emit_probabilities(Scratch& w, int64_t r, const __m512* x, const __mmask16* valid,
+                                                   float max, float alpha) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 log2e = _mm512_set1_ps(kLog2e), shift = _mm512_set1_ps(max * kLog2e);
+  __m512 e[kVecs];
+  __m512 total = _mm512_setzero_ps();
+  for (int c = 0; c < kVecs; ++c) {  // exp(x - max) as 2^(x log2(e) - max log2(e))
+    e[c] = _mm512_maskz_mov_ps(valid[c], exp2_probability(_mm512_fmsub_ps(x[c], log2e, shift)));
+    total = _mm512_add_ps(total, e[c]);
+  }
+  float* sum = w.sum.data() + r * 16;
+  _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha), total));
+  for (int c = 0; c < kVecs; c += 2) {
+    const __m512bh packed = _mm512_cvtne2ps_pbh(e[c + 1], e[c]);  // keys 16c .. 16c + 15, then the next 16
+    _mm512_storeu_si512(w.probs.data() + r * kVecs * 8 + 8 * c, reinterpret_cast<__m512i>(packed));
+  }
+}
+
+// Row r's online softmax step over the 16 kVecs keys from key0 (a block of kKeys, or half of one): its probabilities
+// (bfloat16 pairs), running max and sum, and the factor its output so far is scaled by. Its scores and probabilities
+// sit in rows of that many keys. The sum is kept as 16 lanes (summed once, at the end: w.row_sum), and the max is
+// reduced across lanes only when some score passes the running max by kMaxSlack (few steps of a row do).
+template <int kVecs = kKeyVecs>
+RADIXLM_AVX512_BF16 inline void block_softmax(const Problem& p, Scratch& w, int64_t r, int64_t position,
+                                              int64_t key0) {
+  constexpr int64_t kStep = 16 * kVecs;
+  float* s = w.scores.data() + r * kStep;
   if (p.softcap > 0.f) {
-    for (int64_t c = 0; c < kKeys; ++c) s[c] = std::tanh(s[c] * p.scale / p.softcap) * p.softcap;
+    for (int64_t c = 0; c < kStep; ++c) s[c] = std::tanh(s[c] * p.scale / p.softcap) * p.softcap;
   }
   const float scale = p.softcap > 0.f ? 1.f : p.scale;
   const int64_t first_key = p.first_key(position);
-  // A block the row sees whole (most of a long prompt's) needs no mask.
-  const bool whole = b * kKeys >= first_key && b * kKeys + kKeys - 1 <= position;
-  const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(b * kKeys)),
+  // A step the row sees whole (most of a long prompt's) needs no mask.
+  const bool whole = key0 >= first_key && key0 + kStep - 1 <= position;
+  const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(key0)),
                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   const __m512i lo = _mm512_set1_epi32(static_cast<int>(first_key));
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(position));
   const float old_max = w.max[r];
-  const __m512 old_max_lanes = _mm512_set1_ps(old_max);
-  __m512 x[kKeyVecs];
-  __mmask16 valid[kKeyVecs];
+  const __m512 old_max_lanes = _mm512_set1_ps(old_max), raise_at = _mm512_set1_ps(old_max + kMaxSlack);
+  __m512 x[kVecs];
+  __mmask16 valid[kVecs];
   __mmask16 above = 0;
-  for (int c = 0; c < kKeyVecs; ++c) {
+  for (int c = 0; c < kVecs; ++c) {
     const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * c));
     valid[c] = whole ? __mmask16{0xFFFF} : _mm512_cmpge_epi32_mask(key, lo) & _mm512_cmple_epi32_mask(key, hi);
     x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), _mm512_set1_ps(scale));
-    above |= _mm512_mask_cmp_ps_mask(valid[c], x[c], old_max_lanes, _CMP_GT_OQ);
+    above |= _mm512_mask_cmp_ps_mask(valid[c], x[c], raise_at, _CMP_GT_OQ);
   }
   float new_max = old_max;
   if (above != 0) {
     __m512 shown_max = old_max_lanes;
-    for (int c = 0; c < kKeyVecs; ++c) shown_max = _mm512_mask_max_ps(shown_max, valid[c], shown_max, x[c]);
+    for (int c = 0; c < kVecs; ++c) shown_max = _mm512_mask_max_ps(shown_max, valid[c], shown_max, x[c]);
     new_max = _mm512_reduce_max_ps(shown_max);
   }
   if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing seen yet: no probability, nothing to scale
-    std::memset(w.probs.data() + r * kKeys / 2, 0, kKeys * 2);
+    std::memset(w.probs.data() + r * kStep / 2, 0, kStep * 2);
     w.alpha[r] = 1.f;
     return;
   }
-  __m512 e[kKeyVecs];
-  __m512 total = _mm512_setzero_ps();
-  constexpr float kLog2e = 1.44269504088896341f;
-  const __m512 log2e = _mm512_set1_ps(kLog2e), shift = _mm512_set1_ps(new_max * kLog2e);
-  for (int c = 0; c < kKeyVecs; ++c) {  // exp(x - max) as 2^(x log2(e) - max log2(e))
-    e[c] = _mm512_maskz_mov_ps(valid[c], exp2_probability(_mm512_fmsub_ps(x[c], log2e, shift)));
-    total = _mm512_add_ps(total, e[c]);
-  }
-  // Once the running max settles (most blocks of a long row) the factor is exp(0) = 1: no call.
-  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 0.f
+  // Once the running max settles (most steps of a long row) the factor is exp(0) = 1: no call. A row that saw no key
+  // before has an output of zeros, which needs no scaling either.
+  const float alpha = old_max == -std::numeric_limits<float>::infinity() ? 1.f
                       : old_max == new_max                               ? 1.f
                                                                          : std::exp(old_max - new_max);
   w.alpha[r] = alpha;
   w.max[r] = new_max;
-  float* sum = w.sum.data() + r * 16;
-  _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha), total));
-  for (int c = 0; c < kKeyVecs; c += 2) {
-    const __m512bh packed = _mm512_cvtne2ps_pbh(e[c + 1], e[c]);  // keys 16c .. 16c + 15, then the next 16
-    _mm512_storeu_si512(w.probs.data() + r * kKeys / 2 + 8 * c, reinterpret_cast<__m512i>(packed));
+  emit_probabilities<kVecs>(w, r, x, valid, new_max, alpha);
+}
+
+// block_softmax for rows r0 .. end - 1 over a step of 16 kVecs keys that every one of them sees whole, with no softcap
+// (`sees_whole`; most steps of a long prompt): its work without the masks and branches, in one loop.
+template <int kVecs>
+RADIXLM_AVX512_BF16 inline void whole_step_softmax(const Problem& p, Scratch& w, int64_t r0, int64_t end) {
+  constexpr int64_t kStep = 16 * kVecs;
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  __mmask16 all[kVecs];
+  std::fill_n(all, kVecs, __mmask16{0xFFFF});
+  for (int64_t r = r0; r < end; ++r) {
+    const float* s = w.scores.data() + r * kStep;
+    __m512 x[kVecs];
+    for (int c = 0; c < kVecs; ++c) x[c] = _mm512_mul_ps(_mm512_loadu_ps(s + 16 * c), scale);
+    __m512 top = x[0];
+    for (int c = 1; c < kVecs; ++c) top = _mm512_max_ps(top, x[c]);
+    const float old_max = w.max[r];
+    float new_max = old_max, alpha = 1.f;
+    if (_mm512_cmp_ps_mask(top, _mm512_set1_ps(old_max + kMaxSlack), _CMP_GT_OQ) != 0) {
+      new_max = std::max(old_max, _mm512_reduce_max_ps(top));
+      if (old_max != -std::numeric_limits<float>::infinity()) alpha = std::exp(old_max - new_max);
+      w.max[r] = new_max;
+    }
+    w.alpha[r] = alpha;
+    if (new_max == -std::numeric_limits<float>::infinity()) {  // NaN scores only: nothing seen yet
+      std::memset(w.probs.data() + r * kStep / 2, 0, kStep * 2);
+      continue;
+    }
+    emit_probabilities<kVecs>(w, r, x, all, new_max, alpha);
   }
+}
+
+// Whether rows r0 .. end - 1 (positions growing with the rows, and so the first key a window lets them see) all see
+// the `num_keys` keys from key0, with no softcap: whole_step_softmax's case.
+template <typename Position>
+inline bool sees_whole(const Problem& p, int64_t r0, int64_t end, int64_t key0, int64_t num_keys, Position position) {
+  return p.softcap == 0.f && key0 >= p.first_key(position(end - 1)) && key0 + num_keys - 1 <= position(r0);
 }
 
 // Row r's softmax denominator: its 16 lanes of sums added.
@@ -193,94 +249,6 @@ RADIXLM_AVX512_BF16 inline void row_tile(const Problem& p, Scratch& w, int64_t r
   }
 }
 
-// The same two steps on AMX tiles (amx_tiles.h's configuration, loaded by the calling thread), one group of 16 rows
-// at a time: a group past the item's last row computes on whatever its scratch holds and is never read. The packed
-// layouts are already the tiles' operands: a key block's pair lines are B for q . k (16 keys a tile, lines 256
-// bytes apart) and a value block's key-pair lines B for probs . v (16 dimensions a tile, lines 4 D bytes apart).
-// Needs D a multiple of 32 (an operand tile's 16 pairs). Tiles: products 0-3, A 4, B 5-7.
-
-// scores[r, 0 .. kKeys) = q[r] . k[block's keys] for the 16 rows from r0, in four 16 x 16 products.
-RADIXLM_AMX inline void amx_group_scores(const Problem& p, Scratch& w, int64_t r0, const uint32_t* kblock) {
-  const int64_t half = p.head_dim / 2;
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t i0 = 0; i0 < half; i0 += 16) {
-    const uint32_t* k = kblock + i0 * kKeys;
-    _tile_loadd(4, w.q.data() + r0 * half + i0, half * 4);
-    _tile_loadd(5, k, kKeys * 4);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, k + 16, kKeys * 4);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(7, k + 32, kKeys * 4);
-    _tile_dpbf16ps(2, 4, 7);
-    _tile_loadd(5, k + 48, kKeys * 4);
-    _tile_dpbf16ps(3, 4, 5);
-  }
-  float* s = w.scores.data() + r0 * kKeys;
-  _tile_stored(0, s, kKeys * 4);
-  _tile_stored(1, s + 16, kKeys * 4);
-  _tile_stored(2, s + 32, kKeys * 4);
-  _tile_stored(3, s + 48, kKeys * 4);
-}
-
-// out[r0 .. r0 + 16, d0 .. d0 + 16 kTiles) += probs[r0 .. r0 + 16] . v[block][:, d0 ..]: the output rows are the
-// product tiles themselves, loaded and stored back.
-template <int kTiles>
-RADIXLM_AMX inline void amx_values_part(const Problem& p, Scratch& w, int64_t r0, int64_t d0,
-                                        const uint32_t* vblock) {
-  const int64_t d = p.head_dim;
-  float* out = w.out.data() + r0 * d + d0;
-  _tile_loadd(0, out, d * 4);
-  _tile_loadd(1, out + 16, d * 4);
-  if constexpr (kTiles == 4) {
-    _tile_loadd(2, out + 32, d * 4);
-    _tile_loadd(3, out + 48, d * 4);
-  }
-  for (int64_t pair0 = 0; pair0 < kKeys / 2; pair0 += 16) {
-    const uint32_t* v = vblock + pair0 * d + d0;
-    _tile_loadd(4, w.probs.data() + r0 * kKeys / 2 + pair0, kKeys * 2);
-    _tile_loadd(5, v, d * 4);
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, v + 16, d * 4);
-    _tile_dpbf16ps(1, 4, 6);
-    if constexpr (kTiles == 4) {
-      _tile_loadd(7, v + 32, d * 4);
-      _tile_dpbf16ps(2, 4, 7);
-      _tile_loadd(5, v + 48, d * 4);
-      _tile_dpbf16ps(3, 4, 5);
-    }
-  }
-  _tile_stored(0, out, d * 4);
-  _tile_stored(1, out + 16, d * 4);
-  if constexpr (kTiles == 4) {
-    _tile_stored(2, out + 32, d * 4);
-    _tile_stored(3, out + 48, d * 4);
-  }
-}
-
-// out[r] = alpha[r] * out[r] + probs[r] . v[block] for the 16 rows from r0 (those before `end` real): the rows
-// whose factor is not 1 (a running max that moved: few blocks of a long row) scaled first, then the products.
-RADIXLM_AMX inline void amx_group_values(const Problem& p, Scratch& w, int64_t r0, int64_t end,
-                                         const uint32_t* vblock) {
-  for (int64_t r = r0; r < end; ++r) {
-    if (w.alpha[r] == 1.f) continue;
-    const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
-    float* out = w.out.data() + r * p.head_dim;
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
-      _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
-    }
-  }
-  for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
-    if (p.head_dim - d0 >= 64) {
-      amx_values_part<4>(p, w, r0, d0, vblock);
-    } else {
-      amx_values_part<2>(p, w, r0, d0, vblock);
-    }
-  }
-}
-
 // Readies w for an item's `rows` query rows, already in w.q: the tiles' padding rows (to the next 16) scored as zeros,
 // the outputs, maxima and sums cleared.
 inline void begin_rows(const Problem& p, Scratch& w, int64_t rows) {
@@ -289,19 +257,6 @@ inline void begin_rows(const Problem& p, Scratch& w, int64_t rows) {
   std::fill_n(w.out.begin(), rows * p.head_dim, 0.f);
   std::fill_n(w.max.begin(), rows, -std::numeric_limits<float>::infinity());
   std::fill_n(w.sum.begin(), rows * 16, 0.f);
-}
-
-// Key block b (its packed keys and values) against the item's `rows` rows on the tiles, each 16-row group through
-// scores, softmax and values before the next, so that its scratch stays in L1; row r sits at position(r).
-template <typename Position>
-RADIXLM_AMX inline void amx_block(const Problem& p, Scratch& w, int64_t rows, int64_t b, const uint32_t* kblock,
-                                  const uint32_t* vblock, Position position) {
-  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
-    const int64_t end = std::min(rows, r0 + 16);
-    amx_group_scores(p, w, r0, kblock);
-    for (int64_t r = r0; r < end; ++r) block_softmax(p, w, r, position(r), b);
-    amx_group_values(p, w, r0, end, vblock);
-  }
 }
 
 }  // namespace

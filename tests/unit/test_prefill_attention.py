@@ -57,6 +57,8 @@ CASES = [  # queries, keys, query heads, KV heads, head size, window, softcap
     (3, 200, 130, 1, 64, 17, 0.0),
     (90, 150, 4, 2, 96, 0, 0.0),
     (40, 40, 2, 1, 32, 0, 0.0),
+    (100, 300, 6, 2, 64, 0, 20.0),
+    (64, 130, 6, 3, 128, 40, 10.0),
 ]
 
 
@@ -87,6 +89,35 @@ def test_strided_views_and_huge_logits(tiles: bool) -> None:
     got = run_kernel(q, k, v, 1.0, tiles=tiles).float()
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, reference(q, k, v, 1.0, 0, 0.0), atol=0.5, rtol=2e-2)
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=["dot", "tiles"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+@pytest.mark.parametrize("direction", [1.0, -1.0])
+def test_scores_that_climb_or_fall_along_the_keys(tiles: bool, head_dim: int, direction: float) -> None:
+    """Logits that rise along the keys raise each row's running max over and over (the output rescaled each time it
+    passes the old max by the kernel's slack), and falling ones leave it at the first key with later probabilities
+    near zero: 300 keys, logits spanning about 60, every row against float32."""
+    generator = torch.Generator().manual_seed(head_dim)
+    num_keys, num_queries = 300, 120
+    ramp = torch.linspace(0, direction * 60, num_keys)[:, None, None]
+    q = torch.ones(num_queries, 6, head_dim).to(torch.bfloat16)
+    k = (ramp / head_dim + 0.05 * torch.randn(num_keys, 2, head_dim, generator=generator)).to(torch.bfloat16)
+    v = torch.randn(num_keys, 2, head_dim, generator=generator).to(torch.bfloat16)
+    got = run_kernel(q, k, v, 1.0, tiles=tiles).float()
+    torch.testing.assert_close(got, reference(q, k, v, 1.0, 0, 0.0), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=["dot", "tiles"])
+def test_a_nan_key_poisons_only_the_rows_that_see_it(tiles: bool) -> None:
+    """Key 150 NaN: the rows at positions before it equal float32 attention, every row from it on is NaN."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(200, 6, 64, generator=generator).to(torch.bfloat16)
+    k, v = (torch.randn(200, 2, 64, generator=generator).to(torch.bfloat16) for _ in "kv")
+    k[150, 1, 7] = math.nan
+    got = run_kernel(q, k, v, 0.125, tiles=tiles).float()
+    torch.testing.assert_close(got[:150], reference(q[:150], k[:150], v[:150], 0.125, 0, 0.0), atol=2e-2, rtol=2e-2)
+    assert got[150:, 3:].isnan().all() and not got[150:, :3].isnan().any()
 
 
 @pytest.mark.parametrize("bad", ["dtype", "short context", "head size", "heads", "nan scale", "shape", "tiles"])
