@@ -105,30 +105,42 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
         options["num_kv_blocks"] = max_batch * math.ceil(tokens / block_size) + 4
     engine = build_engine(**options)
     _prefill(engine, max_batch, context_len, shared, seed)
-    probe = StepProbe(engine)
     rows = []
-    try:
-        for batch_size in sorted(grid.batch_sizes, reverse=True):
-            _abort_down_to(engine, batch_size)
-            for _ in range(WARMUP_STEPS):
-                engine.step()
-            kv_bytes = _kv_bytes_per_step(engine)
-            steps, bandwidths = [], []
-            for _ in range(grid.num_steps):
-                probe.reset()
+    for batch_size in sorted(grid.batch_sizes, reverse=True):
+        _abort_down_to(engine, batch_size)
+        for _ in range(WARMUP_STEPS):
+            engine.step()
+        kv_bytes = _kv_bytes_per_step(engine)
+        plain_steps, steps, bandwidths = [], [], []
+        # Alternated, as the machine's speed drifts. The plain step follows a step, as in serving: right after a
+        # bandwidth read (which leaves the caches full of the weights' or the KV cache's last bytes) a 1B file's
+        # batch-1 step took 2 ms longer.
+        for _ in range(grid.num_steps):
+            probe = StepProbe(engine)
+            try:
                 probe.step()
-                steps.append(dict(probe.totals))
-                bandwidths.append(_part_bandwidths(engine))
-            ms = {part: 1e3 * statistics.median(step.get(part, 0.0) for step in steps) for part in steps[0]}
-            linears_bandwidth = statistics.median(b[0] for b in bandwidths)
-            kv_bandwidth = statistics.median(b[1] for b in bandwidths)
-            print(f"batch {batch_size}: read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of "
-                  f"the KV cache {kv_bandwidth / 1e9:.1f} GB/s (medians, one read after each timed step)")
-            rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / kv_bandwidth,
-                                1e3 * weight_bytes(engine.runner.model) / linears_bandwidth))
-    finally:
-        probe.close()
+            finally:
+                probe.close()
+            steps.append(dict(probe.totals))
+            plain_steps.append(_plain_step_seconds(engine))
+            bandwidths.append(_part_bandwidths(engine))
+        ms = {part: 1e3 * statistics.median(step.get(part, 0.0) for step in steps) for part in steps[0]}
+        ms["plain"] = 1e3 * statistics.median(plain_steps)
+        linears_bandwidth = statistics.median(b[0] for b in bandwidths)
+        kv_bandwidth = statistics.median(b[1] for b in bandwidths)
+        print(f"batch {batch_size}: read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of "
+              f"the KV cache {kv_bandwidth / 1e9:.1f} GB/s (medians, one read after each timed step)")
+        rows.append(StepRow(batch_size, context_len, shared, ms, 1e3 * kv_bytes / kv_bandwidth,
+                            1e3 * weight_bytes(engine.runner.model) / linears_bandwidth))
     return sorted(rows, key=lambda r: r.batch_size)
+
+
+def _plain_step_seconds(engine: LLMEngine) -> float:
+    """One engine step's wall time with no probe installed: the step as served, without the cost of the probe's own
+    wrappers and timers (milliseconds of a batch-1 step, where the issue's bound is checked)."""
+    start = time.perf_counter()
+    engine.step()
+    return time.perf_counter() - start
 
 
 def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> int:
@@ -198,12 +210,18 @@ def _kv_bytes_per_step(engine: LLMEngine) -> int:
 
 
 def print_rows(rows: list[StepRow]) -> None:
-    """Milliseconds per decode step by part; attention and linears with their bounds and their ratio to them."""
-    print("| batch | context | prefix | step ms | attention (bound, ratio) | linears (bound, ratio) | other | prep "
-          "| sampler | scheduler | engine |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    """Milliseconds per decode step: the plain step (no probe) against the sum of the two bounds (every weight and
+    every K/V byte the step reads, each over its own measured bandwidth), then the probed step by part, attention and
+    linears with their bounds and their ratio to them."""
+    print("| batch | context | prefix | plain step ms (bound, ratio) | step ms | attention (bound, ratio) "
+          "| linears (bound, ratio) | other | prep | sampler | scheduler | engine |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         part = step_parts(row.ms)
+        bound_ms = row.attention_bound_ms + row.linears_bound_ms
+        plain_ms = row.ms.get("plain", 0.0)
         print(f"| {row.batch_size} | {row.context_len} | {'shared' if row.shared_prefix else 'none'} "
+              f"| {plain_ms:.1f} ({bound_ms:.1f}, {_ratio(plain_ms, bound_ms)}) "
               f"| {row.ms.get('step', 0.0):.1f} | {part['attention']:.1f} ({row.attention_bound_ms:.1f}, "
               f"{_ratio(part['attention'], row.attention_bound_ms)}) | {part['linears']:.1f} "
               f"({row.linears_bound_ms:.1f}, {_ratio(part['linears'], row.linears_bound_ms)}) | {part['other']:.1f} "
