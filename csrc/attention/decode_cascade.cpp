@@ -20,7 +20,6 @@
 #include "key_packing.h"
 #include "prefill_blocks.h"
 #include "prefill_resident.h"
-#include "prefill_tiles.h"
 
 namespace radixlm_cascade {
 

@@ -2,7 +2,7 @@
 // tiles over all its keys, 32 keys a step, and the next step's scores are on the tiles while this step's softmax
 // runs on the vector units.
 //
-// Why: with the output stored and reloaded each block (prefill_blocks.h's amx_block), every tile step waited on the
+// Why: with the output stored and reloaded each block (prefill_tiles.h's amx_block), every tile step waited on the
 // one before it: the scores' stores on their products, the softmax on those stores, the values' products on the
 // softmax's probabilities, and the tiles sat idle during the softmax. Tiles: the output 0-3 (16 x 16 float32 each,
 // D / 16 of them), the scores 4-5 (32 keys), an A operand 6 and a B operand 7 (and 4-5 for the values' B operands,
@@ -19,6 +19,7 @@
 
 #include "../isa.h"
 #include "prefill_blocks.h"
+#include "prefill_tiles.h"
 
 namespace radixlm_prefill {
 
@@ -50,29 +51,6 @@ RADIXLM_AMX inline void store_scores(Scratch& w, int64_t r0) {
   _tile_stored(5, s + 16, kStepKeys * 4);
 }
 
-// The output tiles (D / 16 of them) to and from the rows r0 .. r0 + 15 of w.out.
-template <int kTiles>
-RADIXLM_AMX inline void store_output(const Problem& p, Scratch& w, int64_t r0) {
-  float* out = w.out.data() + r0 * p.head_dim;
-  _tile_stored(0, out, p.head_dim * 4);
-  _tile_stored(1, out + 16, p.head_dim * 4);
-  if constexpr (kTiles == 4) {
-    _tile_stored(2, out + 32, p.head_dim * 4);
-    _tile_stored(3, out + 48, p.head_dim * 4);
-  }
-}
-
-template <int kTiles>
-RADIXLM_AMX inline void load_output(const Problem& p, Scratch& w, int64_t r0) {
-  const float* out = w.out.data() + r0 * p.head_dim;
-  _tile_loadd(0, out, p.head_dim * 4);
-  _tile_loadd(1, out + 16, p.head_dim * 4);
-  if constexpr (kTiles == 4) {
-    _tile_loadd(2, out + 32, p.head_dim * 4);
-    _tile_loadd(3, out + 48, p.head_dim * 4);
-  }
-}
-
 // The rows r0 .. end - 1 whose running max moved this step have their output scaled by its factor: the tiles go
 // through memory for it, which the steps of a long row seldom need.
 template <int kTiles>
@@ -80,16 +58,9 @@ RADIXLM_AMX inline void rescale_output(const Problem& p, Scratch& w, int64_t r0,
   bool any = false;
   for (int64_t r = r0; r < end; ++r) any |= w.alpha[r] != 1.f;
   if (!any) return;
-  store_output<kTiles>(p, w, r0);
-  for (int64_t r = r0; r < end; ++r) {
-    if (w.alpha[r] == 1.f) continue;
-    const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
-    float* out = w.out.data() + r * p.head_dim;
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
-      _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
-    }
-  }
-  load_output<kTiles>(p, w, r0);
+  store_product_tiles<kTiles>(w.out.data() + r0 * p.head_dim, p.head_dim);
+  scale_rows(p, w, r0, end);
+  load_product_tiles<kTiles>(w.out.data() + r0 * p.head_dim, p.head_dim);
 }
 
 // output += probs . v over step s's 32 keys (key pairs 16 (s % 2) .. of value block `vblock`).
@@ -98,6 +69,8 @@ RADIXLM_AMX inline void resident_values(const Problem& p, const Scratch& w, int6
                                         int64_t s) {
   const int64_t d = p.head_dim;
   const uint32_t* v = vblock + (s % 2) * (kStepKeys / 2) * d;
+  // amx_values_part's products with other tiles (the intrinsics take tile numbers as literals): B rotates through
+  // 7, 4, 5 so that each load need not wait for the product before it to release its tile.
   _tile_loadd(6, w.probs.data() + r0 * kStepKeys / 2, kStepKeys * 2);
   _tile_loadd(7, v, d * 4);
   _tile_dpbf16ps(0, 6, 7);
@@ -143,7 +116,7 @@ RADIXLM_AMX inline void resident_group(const Problem& p, Scratch& w, int64_t r0,
     rescale_output<kTiles>(p, w, r0, end);
     resident_values<kTiles>(p, w, r0, this_values, s);
   }
-  store_output<kTiles>(p, w, r0);
+  store_product_tiles<kTiles>(w.out.data() + r0 * p.head_dim, p.head_dim);
 }
 
 // An item's `rows` rows (already in w, begun: begin_rows) on the tiles, 16 at a time, each group over the steps its

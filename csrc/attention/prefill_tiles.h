@@ -1,7 +1,7 @@
 // The AMX steps of the prefill attention for head sizes above 64 (prefill_attention.cpp): the scores and values of
 // prefill_blocks.h on tiles (amx_tiles.h's configuration, loaded by the calling thread), one group of 16 rows at a
 // time, a 64-key block at a time, the group's output loaded into the tiles and stored back each block. (Head sizes
-// up to 64 keep their output on the tiles instead: prefill_resident.h.)
+// up to 64 keep their output on the tiles instead: prefill_resident.h, which shares the helpers here.)
 #pragma once
 
 #include <algorithm>
@@ -18,6 +18,39 @@ namespace {
 // already the tiles' operands: a key block's pair lines are B for q . k (16 keys a tile, lines 256 bytes apart) and a
 // value block's key-pair lines B for probs . v (16 dimensions a tile, lines 4 D bytes apart). Needs D a multiple of
 // 32 (an operand tile's 16 pairs). Tiles: products 0-3, A 4, B 5-7.
+
+// w.out's rows r0 .. end - 1 scaled by their factors (w.alpha) where these are not 1.
+RADIXLM_AVX512_BF16 inline void scale_rows(const Problem& p, Scratch& w, int64_t r0, int64_t end) {
+  for (int64_t r = r0; r < end; ++r) {
+    if (w.alpha[r] == 1.f) continue;
+    const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
+    float* out = w.out.data() + r * p.head_dim;
+    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
+      _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
+    }
+  }
+}
+
+// Product tiles 0 .. kTiles - 1 (2 or 4) from or to 16 rows of float32 `stride` floats apart, 16 columns a tile.
+template <int kTiles>
+RADIXLM_AMX inline void load_product_tiles(const float* rows, int64_t stride) {
+  _tile_loadd(0, rows, stride * 4);
+  _tile_loadd(1, rows + 16, stride * 4);
+  if constexpr (kTiles == 4) {
+    _tile_loadd(2, rows + 32, stride * 4);
+    _tile_loadd(3, rows + 48, stride * 4);
+  }
+}
+
+template <int kTiles>
+RADIXLM_AMX inline void store_product_tiles(float* rows, int64_t stride) {
+  _tile_stored(0, rows, stride * 4);
+  _tile_stored(1, rows + 16, stride * 4);
+  if constexpr (kTiles == 4) {
+    _tile_stored(2, rows + 32, stride * 4);
+    _tile_stored(3, rows + 48, stride * 4);
+  }
+}
 
 // scores[r, 0 .. kKeys) = q[r] . k[block's keys] for the 16 rows from r0, in four 16 x 16 products.
 RADIXLM_AMX inline void amx_group_scores(const Problem& p, Scratch& w, int64_t r0, const uint32_t* kblock) {
@@ -52,12 +85,7 @@ RADIXLM_AMX inline void amx_values_part(const Problem& p, Scratch& w, int64_t r0
                                         const uint32_t* vblock) {
   const int64_t d = p.head_dim;
   float* out = w.out.data() + r0 * d + d0;
-  _tile_loadd(0, out, d * 4);
-  _tile_loadd(1, out + 16, d * 4);
-  if constexpr (kTiles == 4) {
-    _tile_loadd(2, out + 32, d * 4);
-    _tile_loadd(3, out + 48, d * 4);
-  }
+  load_product_tiles<kTiles>(out, d);
   for (int64_t pair0 = 0; pair0 < kKeys / 2; pair0 += 16) {
     const uint32_t* v = vblock + pair0 * d + d0;
     _tile_loadd(4, w.probs.data() + r0 * kKeys / 2 + pair0, kKeys * 2);
@@ -72,26 +100,14 @@ RADIXLM_AMX inline void amx_values_part(const Problem& p, Scratch& w, int64_t r0
       _tile_dpbf16ps(3, 4, 5);
     }
   }
-  _tile_stored(0, out, d * 4);
-  _tile_stored(1, out + 16, d * 4);
-  if constexpr (kTiles == 4) {
-    _tile_stored(2, out + 32, d * 4);
-    _tile_stored(3, out + 48, d * 4);
-  }
+  store_product_tiles<kTiles>(out, d);
 }
 
 // out[r] = alpha[r] * out[r] + probs[r] . v[block] for the 16 rows from r0 (those before `end` real): the rows
 // whose factor is not 1 (a running max that moved: few blocks of a long row) scaled first, then the products.
 RADIXLM_AMX inline void amx_group_values(const Problem& p, Scratch& w, int64_t r0, int64_t end,
                                          const uint32_t* vblock) {
-  for (int64_t r = r0; r < end; ++r) {
-    if (w.alpha[r] == 1.f) continue;
-    const __m512 alpha = _mm512_set1_ps(w.alpha[r]);
-    float* out = w.out.data() + r * p.head_dim;
-    for (int64_t d0 = 0; d0 < p.head_dim; d0 += 16) {
-      _mm512_storeu_ps(out + d0, _mm512_mul_ps(_mm512_loadu_ps(out + d0), alpha));
-    }
-  }
+  scale_rows(p, w, r0, end);
   for (int64_t d0 = 0; d0 < p.head_dim; d0 += 64) {
     if (p.head_dim - d0 >= 64) {
       amx_values_part<4>(p, w, r0, d0, vblock);
