@@ -22,6 +22,7 @@
 #include "attention/kv_write.h"
 #include "attention/paged_attention.h"
 #include "attention/prefill_attention.h"
+#include "layers/decode_layers_python.h"
 #include "linear/amx_bf16.h"
 #include "linear/bf16_dot.h"
 #include "linear/bf16_packed.h"
@@ -338,6 +339,12 @@ PyMethodDef methods[] = {
      "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
      "slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one decode layer through "
      "torch.ops.radixlm.paged_decode_attention, without the dispatcher"},
+    {"decode_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(radixlm_python::decode_plan)),
+     METH_FASTCALL, "decode_plan(layers): the C++ plan of a decode step's layers (radixlm/model/decode_stack.py)"},
+    {"decode_layers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(radixlm_python::decode_layers)),
+     METH_FASTCALL,
+     "decode_layers(plan, hidden, cos, sin, key_caches, value_caches, key_scales, value_scales, block_table, "
+     "block_offsets, context_lens, slot_mapping, block_size): every layer of a decode step in one call"},
     {nullptr, nullptr, 0, nullptr},
 };
 

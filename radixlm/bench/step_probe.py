@@ -115,6 +115,11 @@ class StepProbe:
         self._handles: list[Any] = []
         self._restore: list[Callable[[], None]] = []
         model = engine.runner.model
+        # The parts are timed around the Python layers: a probed step runs them, not the decode stack's one call
+        # (radixlm.model.decode_stack), which the plain step (`bench step`, no probe) runs where serving does.
+        stack = engine.runner.decode_stack
+        engine.runner.decode_stack = None
+        self._restore.append(lambda: setattr(engine.runner, "decode_stack", stack))
         for module in linear_modules(model):
             self._wrap_attribute(module, "forward", "linears")
             for entry in ("forward_add", "forward_gated"):  # a projection with its neighbour's work in its writes

@@ -18,6 +18,7 @@ from radixlm.config_values import parse_memory
 from radixlm.core.step import ScheduledChunk
 from radixlm.model.attention import create_backend, register_paged_attention, resolve_backend
 from radixlm.model.collectives import agree_min
+from radixlm.model.decode_stack import DecodeStack
 from radixlm.model.device import keep_freed_host_memory, resolve_device, resolve_dtype
 from radixlm.model.disk_kv_store import DiskKVStore
 from radixlm.model.host_kv_cache import HEADROOM, HostKVCache
@@ -94,6 +95,8 @@ class ModelRunner:
         release_free_memory()
         self.shape = ModelShape.from_config(self.model.config, tensor_parallel_size)
         self.lora = LoRAAdapters(self.model) if enable_lora else None
+        # Decode steps run every layer in one C++ call where the model allows it (see radixlm.model.decode_stack).
+        self.decode_stack = DecodeStack.build(self.model) if not enable_lora and tensor_parallel_size == 1 else None
         bytes_per_token = kv_bytes_per_token(self.shape.num_layers, self.shape.num_kv_heads, self.shape.head_dim,
                                              kv_dtype)
         num_blocks = agree_min(cache_config.num_kv_blocks or num_blocks_for_budget(
@@ -128,13 +131,16 @@ class ModelRunner:
                                  lora_ids)
         if batch.lora_groups and self.lora is None:
             raise RuntimeError("a request runs a LoRA adapter, but this model was loaded without LoRA support")
-        with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden, \
-                self.lora.rows(batch.lora_groups) if self.lora is not None else nullcontext():
-            result = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
-                                logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata)
-        pooled = pool_chunks(chunks, batch.first_rows, hidden[0][0], pooling_types) if pooling_types else {}
+        if self.decode_stack is not None and not pooling_types and self.decode_stack.runs(batch):
+            logits, pooled = self.decode_stack.logits(batch), {}
+        else:
+            with final_hidden_states(self.model, capture=bool(pooling_types)) as hidden, \
+                    self.lora.rows(batch.lora_groups) if self.lora is not None else nullcontext():
+                logits = self.model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False,
+                                    logits_to_keep=batch.logits_indices, radix_attn=batch.attn_metadata).logits
+            pooled = pool_chunks(chunks, batch.first_rows, hidden[0][0], pooling_types) if pooling_types else {}
         # The sampler runs on the host: its per-request streams and masks are host tensors (one copy per step).
-        logits = result.logits[0].float().cpu()
+        logits = logits[0].float().cpu()
         sampled = batch.num_sampled_rows
         return ForwardOutput(logits[:sampled], {request_id: logits[sampled:][rows]
                                                for request_id, rows in batch.extra_rows.items()}, pooled)
