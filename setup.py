@@ -37,7 +37,8 @@ if os.environ.get("RADIXLM_NO_EXT") != "1":
                "csrc/linear/amx_bf16.cpp",
                "csrc/linear/bf16_dot.cpp", "csrc/linear/bf16_packed.cpp",
                "csrc/norm/rms_norm.cpp", "csrc/norm/rotary.cpp", "csrc/activation/silu_and_mul.cpp",
-               "csrc/layers/decode_layers.cpp", "csrc/layers/decode_layers_python.cpp"]
+               "csrc/layers/decode_layers.cpp", "csrc/layers/decode_layers_python.cpp",
+               "csrc/sample/greedy_tokens.cpp"]
     # Headers shared across the folders (isa.h, kernel_checks.h) are included by name from csrc/.
     include_dirs = [str(Path(__file__).resolve().parent / "csrc")]
     ext_modules = [CppExtension(name, sources, include_dirs=include_dirs, extra_compile_args=flags + march,

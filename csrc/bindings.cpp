@@ -31,6 +31,7 @@
 #include "norm/rms_norm.h"
 #include "norm/rotary.h"
 #include "python_args.h"
+#include "sample/greedy_tokens.h"
 
 TORCH_LIBRARY(radixlm, m) {
   // attention/
@@ -63,6 +64,8 @@ TORCH_LIBRARY(radixlm, m) {
   m.def("rotary(Tensor query_key, Tensor cos, Tensor sin) -> Tensor");
   // activation/
   m.def("silu_and_mul(Tensor gate_up, bool pad_rows=False, bool blocks16=False) -> Tensor");
+  // sample/
+  m.def("greedy_tokens(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
@@ -84,6 +87,7 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("rms_norm", &radixlm::rms_norm);
   m.impl("rotary", &radixlm::rotary);
   m.impl("silu_and_mul", &radixlm::silu_and_mul);
+  m.impl("greedy_tokens", &radixlm::greedy_tokens);
 }
 
 namespace {
@@ -190,6 +194,11 @@ PyObject* rotary(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* silu_and_mul(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return call_kernel<1, false>("silu_and_mul", args, nargs,
                                [](const auto& t) { return radixlm::silu_and_mul(*t[0]); });
+}
+
+PyObject* greedy_tokens(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return call_kernel<1, false>("greedy_tokens", args, nargs,
+                               [](const auto& t) { return radixlm::greedy_tokens(*t[0]); });
 }
 
 PyObject* silu_and_mul_blocks16(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -339,6 +348,8 @@ PyMethodDef methods[] = {
      "decode_attention(query, key, value, key_cache, value_cache, block_table, block_offsets, context_lens, "
      "slot_mapping, block_size, scale, sliding_window, softcap, key_scales, value_scales): one decode layer through "
      "torch.ops.radixlm.paged_decode_attention, without the dispatcher"},
+    {"greedy_tokens", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(greedy_tokens)), METH_FASTCALL,
+     "greedy_tokens(logits): torch.ops.radixlm.greedy_tokens without the dispatcher"},
     {"decode_plan", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(radixlm_python::decode_plan)),
      METH_FASTCALL, "decode_plan(layers): the C++ plan of a decode step's layers (radixlm/model/decode_stack.py)"},
     {"decode_layers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(radixlm_python::decode_layers)),

@@ -17,7 +17,8 @@ Without the extension (RADIXLM_NO_EXT=1, a failed build, a CPU without AVX2) eve
 
 The ops (csrc/bindings.cpp registers them all): `paged_decode_attention` and `write_kv` (csrc/attention/),
 `small_batch_linear`, `small_batch_int8_linear`, `int8_normalize_rows`, `int8_rescale_rows_`, `amx_bf16_linear`,
-`gguf_linear` and `gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/), `silu_and_mul` (csrc/activation/).
+`gguf_linear` and `gguf_rows` (csrc/linear/), `rms_norm` and `rotary` (csrc/norm/), `silu_and_mul` (csrc/activation/),
+`greedy_tokens` (csrc/sample/).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def direct_kernel(name: str) -> Callable[..., torch.Tensor]:
     `torch.ops.radixlm.<name>`, without the dispatcher; "rms_norm_padded", "silu_and_mul_padded": those ops with
     pad_rows=True; "decode_attention": one decode layer, see
     `radixlm.model.attention.cpp_backend.decode_layer`; "gguf_linear_paths"; "amx_bf16_available";
-    "avx512_bf16_available"). Needs the extension (see `extension_error`)."""
+    "avx512_bf16_available"; "greedy_tokens" (csrc/sample/); "decode_plan", "decode_layers": see
+    `radixlm.model.decode_stack`). Needs the extension (see `extension_error`)."""
     return getattr(extension(), name)
 
 
@@ -129,6 +131,10 @@ def _fake_silu_and_mul(gate_up: torch.Tensor, pad_rows: bool = False, blocks16: 
     return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
 
 
+def _fake_greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    return logits.new_empty(logits.shape[0], dtype=torch.long)
+
+
 def _fake_gguf_linear(x: torch.Tensor, tiles: list[torch.Tensor], types: list[int], out_features: list[int],
                       *args: object) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], sum(out_features))
@@ -159,4 +165,5 @@ _FAKE_KERNELS: tuple[tuple[str, Callable[..., torch.Tensor | None]], ...] = (
     ("rms_norm", _fake_rms_norm),
     ("rotary", _fake_rotary),
     ("silu_and_mul", _fake_silu_and_mul),
+    ("greedy_tokens", _fake_greedy_tokens),
 )

@@ -43,8 +43,12 @@ class SamplerOutput:
 class Sampler:
     """`sampler(logits, requests)`: row i of `logits` ([B, vocab] float32, modified in place) is `requests[i]`."""
 
-    def __init__(self, vocab_size: int, num_candidates: int = NUM_CANDIDATES) -> None:
+    def __init__(self, vocab_size: int, num_candidates: int = NUM_CANDIDATES,
+                 greedy_kernel: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """`greedy_kernel`: the argmax of float32 CPU rows (radixlm._C's `greedy_tokens`, given by the worker), or
+        None for PyTorch's (see `greedy_tokens`)."""
         self.num_candidates = num_candidates
+        self.greedy_kernel = greedy_kernel
         self.penalty_stats = PenaltyStats(vocab_size)
         self._batch: SamplingBatch | None = None
         self._batch_requests: list[SamplingRow] = []  # held so that their id()s stay unique
@@ -62,7 +66,7 @@ class Sampler:
         self._adjust_logits(logits, batch, requests, num_outputs, grammar_mask)
         token_ids = torch.empty(batch.num_rows, dtype=torch.long)
         if len(batch.greedy_rows):
-            token_ids[batch.greedy_rows] = greedy_tokens(batch.rows_of(logits, batch.greedy_rows))
+            token_ids[batch.greedy_rows] = greedy_tokens(batch.rows_of(logits, batch.greedy_rows), self.greedy_kernel)
         if len(batch.random_rows):
             token_ids[batch.random_rows] = self._draw(logits, batch, num_outputs)
         logprobs: list[TokenLogprobs | None] = [None] * batch.num_rows

@@ -22,6 +22,7 @@ from radixlm.cache_config import CacheConfig
 from radixlm.config import ModelConfig
 from radixlm.core.step import ModelRunnerOutput, RequestError, SchedulerOutput, TokenLogprobs
 from radixlm.model.lora.adapter_file import AdapterFile
+from radixlm.model.ops import direct_kernel, kernels_available
 from radixlm.model.pooling import embedding_of
 from radixlm.model.runner import ModelRunner
 from radixlm.sample.bitmask import apply_token_bitmask_
@@ -57,7 +58,8 @@ class ModelWorker:
                  tensor_parallel_size: int = 1, samples: bool = True, enable_lora: bool = False) -> None:
         self.runner = ModelRunner(model_dir, model_config, cache_config, tensor_parallel_size, enable_lora)
         self.samples = samples
-        self.sampler = Sampler(self.runner.shape.vocab_size)
+        self.sampler = Sampler(self.runner.shape.vocab_size,
+                               greedy_kernel=direct_kernel("greedy_tokens") if kernels_available() else None)
         self.requests: dict[str, WorkerRequest] = {}
 
     def info(self) -> WorkerInfo:

@@ -12,8 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixlm.model.ops import direct_kernel, kernels_available
 from radixlm.request import Request
-from radixlm.sample.finite import LOGIT_LIMIT, clean_logits_, greedy_tokens
+from radixlm.sample.finite import LOGIT_LIMIT, clean_logits_, greedy_tokens, greedy_tokens_reference
 from radixlm.sample.sampler import Sampler
 from radixlm.sampling_params import SamplingParams
 
@@ -148,3 +149,39 @@ def test_greedy_tokens_take_the_first_maximum_and_skip_nan():
     rows[5, 7] = float("nan")
     rows[5, 9] = 50.0
     assert int(greedy_tokens(rows)[5]) == 9
+
+
+@pytest.mark.skipif(not kernels_available(), reason="radixlm._C is not built")
+@pytest.mark.parametrize("vocab", [1, 15, 16, 17, 40, 1000, 49_152])
+def test_greedy_kernel_equals_the_reference(vocab):
+    """radixlm._C's greedy_tokens against `greedy_tokens_reference`: ties, NaN, +-inf, rows of only NaN or -inf,
+    a row whose only number sits in the vector loop's tail, strided rows (a view of every other row)."""
+    torch.manual_seed(vocab)
+    rows = torch.randn(40, vocab).round()  # many ties for the maximum
+    rows[1] = float("nan")
+    rows[2] = -INF
+    rows[3, ::2] = float("nan")
+    rows[3, 1::2] = -INF
+    rows[4, -1] = INF
+    rows[5, vocab // 2] = float("nan")
+    rows[6] = float("nan")
+    rows[6, -1] = -3.0
+    rows[7, ::3] = INF
+    rows[8] = 1e-45
+    rows[9] = -LOGIT_LIMIT
+    kernel = direct_kernel("greedy_tokens")
+    assert torch.equal(kernel(rows), greedy_tokens_reference(rows))
+    assert torch.equal(kernel(rows[::2]), greedy_tokens_reference(rows[::2]))
+    assert torch.equal(greedy_tokens(rows, kernel), greedy_tokens_reference(rows))
+    greedy = [make_request({"temperature": 0.0}, []) for _ in range(len(rows))]
+    sampler = Sampler(VOCAB, greedy_kernel=kernel)
+    if vocab == VOCAB:
+        assert sampler(rows.clone(), greedy).token_ids == greedy_tokens_reference(rows).tolist()
+
+
+@pytest.mark.skipif(not kernels_available(), reason="radixlm._C is not built")
+@pytest.mark.parametrize("logits", [torch.zeros(3, 0), torch.zeros(4), torch.zeros(2, 5, dtype=torch.bfloat16),
+                                    torch.zeros(6, 4).t()])
+def test_greedy_kernel_refuses_what_it_does_not_take(logits):
+    with pytest.raises(RuntimeError):
+        direct_kernel("greedy_tokens")(logits)
