@@ -7,6 +7,7 @@
 #include "../activation/silu_and_mul.h"
 #include "../attention/paged_attention.h"
 #include "../linear/amx_bf16.h"
+#include "../linear/linear.h"
 #include "../linear/linear_gguf.h"
 #include "../norm/rms_norm.h"
 #include "../norm/rotary.h"
@@ -41,6 +42,12 @@ at::Tensor apply(const Linear& linear, const at::Tensor& x, const c10::optional<
       const at::Tensor out = y.reshape(shape);
       return residual.has_value() ? *residual + out : out;
     }
+    case LinearKind::kSmallBatch: {
+      const bool kernel = rows <= linear.max_rows && x.scalar_type() == at::kFloat;
+      const at::Tensor y = kernel ? radixlm::small_batch_linear(x, linear.weight, linear.bias)
+                                  : at::linear(x, linear.weight, linear.bias);
+      return residual.has_value() ? *residual + y : y;
+    }
   }
   TORCH_CHECK(false, "decode_layers: unknown linear kind");
 }
@@ -68,18 +75,22 @@ at::Tensor attention_block(const Layer& layer, const at::Tensor& hidden, const a
 
 at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) {
   const at::Tensor x = radixlm::rms_norm(hidden, layer.post_norm, layer.post_eps, false);
-  const at::Tensor activation = layer.gate_up.kind == LinearKind::kAmxGated
-                                    ? apply(layer.gate_up, x, c10::nullopt)
-                                    : radixlm::silu_and_mul(apply(layer.gate_up, x, c10::nullopt), false, false);
-  return apply(layer.down, activation, hidden);
+  const at::Tensor gate_up = apply(layer.gate_up, x, c10::nullopt);
+  if (layer.gate_up.kind == LinearKind::kAmxGated) return apply(layer.down, gate_up, hidden);  // silu(gate) * up
+  if (gate_up.scalar_type() == at::kBFloat16) {
+    return apply(layer.down, radixlm::silu_and_mul(gate_up, false, false), hidden);
+  }
+  const int64_t half = gate_up.size(-1) / 2;  // FusedGatedMLP's two slices
+  return apply(layer.down, at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half), hidden);
 }
 
 }  // namespace
 
 at::Tensor run_layers(const Plan& plan, at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
                       const DecodeInputs& inputs) {
-  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kBFloat16,
-              "decode_layers: hidden must be bfloat16 [1, T, H]");
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 &&
+                  (hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kFloat),
+              "decode_layers: hidden must be bfloat16 or float32 [1, T, H]");
   TORCH_CHECK(inputs.key_caches.size() == plan.layers.size() && inputs.value_caches.size() == plan.layers.size(),
               "decode_layers: one key and one value cache per layer");
   TORCH_CHECK(inputs.key_scales.size() == inputs.value_scales.size() &&

@@ -12,22 +12,24 @@
 namespace radixlm::layers {
 
 // How a linear layer runs: the AMX bfloat16 kernel on the plain weight up to `max_rows` rows (`F.linear` above),
-// that kernel's gated form (silu(gate) * up of a weight whose halves are interleaved by 16), or the GGUF kernel on
-// its tiles (its AMX path for bfloat16 calls of `gguf_amx_min_rows` rows or more; 0: never).
-enum class LinearKind : int64_t { kAmx = 0, kAmxGated = 1, kGguf = 2 };
+// that kernel's gated form (silu(gate) * up of a weight whose halves are interleaved by 16), the GGUF kernel on
+// its tiles (its AMX path for bfloat16 calls of `gguf_amx_min_rows` rows or more; 0: never), or the float32
+// small-batch kernel up to `max_rows` rows (`F.linear` above).
+enum class LinearKind : int64_t { kAmx = 0, kAmxGated = 1, kGguf = 2, kSmallBatch = 3 };
 
 struct Linear {
   LinearKind kind = LinearKind::kAmx;
-  at::Tensor weight;  // kAmx, kAmxGated: [N, K] bfloat16
+  at::Tensor weight;  // kAmx, kAmxGated: [N, K] bfloat16; kSmallBatch: float32
   c10::optional<at::Tensor> bias;
-  int64_t max_rows = 0;                   // kAmx
+  int64_t max_rows = 0;                   // kAmx, kSmallBatch
   std::vector<at::Tensor> tiles;          // kGguf: one per part
   std::vector<int64_t> types, outs;       // kGguf: each part's ggml type and out_features
   int64_t gguf_amx_min_rows = 0;          // kGguf
 };
 
 // One pre-norm decoder layer: RMSNorm, q/k/v as one linear, rotary embedding, paged attention, o projection plus
-// the residual, RMSNorm, gated MLP (gate/up as one linear), down projection plus the residual.
+// the residual, RMSNorm, gated MLP (gate/up as one linear; silu(gate) * up by radixlm._C's kernel for bfloat16 rows,
+// by PyTorch's ops for float32 ones, as FusedGatedMLP does), down projection plus the residual.
 struct Layer {
   at::Tensor input_norm, post_norm;
   double input_eps = 0.0, post_eps = 0.0;
@@ -47,8 +49,8 @@ struct DecodeInputs {
   int64_t block_size = 0;
 };
 
-// hidden [1, T, H] bfloat16 through every layer of `plan`, each row a decode at its own position (cos and sin:
-// the rows' rotary embedding, [1, T, D]); returns the last layer's output.
+// hidden [1, T, H] (bfloat16, or float32 for float32 models) through every layer of `plan`, each row a decode at
+// its own position (cos and sin: the rows' rotary embedding, [1, T, D]); returns the last layer's output.
 at::Tensor run_layers(const Plan& plan, at::Tensor hidden, const at::Tensor& cos, const at::Tensor& sin,
                       const DecodeInputs& inputs);
 

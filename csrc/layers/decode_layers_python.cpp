@@ -60,7 +60,7 @@ bool parse_linear(PyObject* t, radixlm::layers::Linear* linear) {
       !int_item(t, 7, &linear->gguf_amx_min_rows)) {
     return false;
   }
-  if (kind < 0 || kind > 2) {
+  if (kind < 0 || kind > 3) {
     PyErr_Format(PyExc_ValueError, "decode_plan: unknown linear kind %lld", static_cast<long long>(kind));
     return false;
   }

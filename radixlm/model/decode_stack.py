@@ -9,10 +9,11 @@ the layers' loop in C++: the same kernels, called in the same order on tensors o
 layers call them, so the output is the same bit for bit (tests/unit/test_decode_stack.py); the embedding, the rotary
 table, the final norm and the LM head stay transformers' and ours in Python.
 
-It runs only where every layer is one `fuse_small_ops` fused, in bfloat16 with radixlm._C's kernels, its linears
-all on the AMX kernel (`Bf16Linear`, the gated MLP's included) or on GGUF blocks (`GGUFLinear`), with no hooks (LoRA,
-tensor-parallel shards), over the C++ attention backend with an uncompressed or int8 cache kept as it is (no
-rotation); any other step or model takes the Python layers.
+It runs only where every layer is one `fuse_small_ops` fused with radixlm._C's kernels, its linears in bfloat16 on
+the AMX kernel (`Bf16Linear`, the gated MLP's included), on GGUF blocks (`GGUFLinear`, bfloat16 or float32 rows) or in
+float32 on the small-batch kernel (`SmallBatchLinear`), with no hooks (LoRA, tensor-parallel shards), over the C++
+attention backend with an uncompressed or int8 cache kept as it is (no rotation); any other step or model takes the
+Python layers.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from radixlm.model.fused_ops import FusedGatedMLP, _fused_decoder_layer_forward
 from radixlm.model.gguf_linear import AMX_MIN_ROWS, GGUFLinear
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.ops import direct_kernel, extension_error
+from radixlm.model.small_batch import SmallBatchLinear
 
 # csrc/layers/decode_layers.h's LinearKind
-KIND_AMX, KIND_AMX_GATED, KIND_GGUF = 0, 1, 2
+KIND_AMX, KIND_AMX_GATED, KIND_GGUF, KIND_SMALL_BATCH = 0, 1, 2, 3
+ROW_DTYPES = (torch.bfloat16, torch.float32)
 MODEL_CLASSES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 
 
@@ -48,12 +51,15 @@ def _linear_plan(linear: nn.Module, gated: bool = False) -> tuple[Any, ...] | No
     if isinstance(linear, GGUFLinear) and linear._kernels is not None and not gated:
         return (KIND_GGUF, None, linear.bias, 0, linear._tiles, linear._types, linear._outs,
                 AMX_MIN_ROWS if linear._amx else 0)
+    if (isinstance(linear, SmallBatchLinear) and linear._kernel is direct_kernel("small_batch_linear")
+            and linear.weight.dtype == torch.float32 and not gated):
+        return KIND_SMALL_BATCH, linear.weight, linear.bias, linear.max_rows, (), (), (), 0
     return None
 
 
 def _norm_plan(norm: nn.Module) -> tuple[torch.Tensor, float] | None:
     if (isinstance(norm, FusedRMSNorm) and norm._kernel is not None and norm._kernel is direct_kernel("rms_norm")
-            and norm.weight.dtype == torch.bfloat16):
+            and norm.weight.dtype in ROW_DTYPES):
         return norm.weight, float(norm.eps)
     return None
 
@@ -67,10 +73,14 @@ def _layer_plan(layer: nn.Module, index: int) -> tuple[Any, ...] | None:
             or not isinstance(mlp, FusedGatedMLP)):
         return None
     norms = _norm_plan(layer.input_layernorm), _norm_plan(layer.post_attention_layernorm)
+    # Unless gated, bfloat16 rows take radixlm._C's silu_and_mul, float32 rows PyTorch's ops (as FusedGatedMLP)
+    activation = direct_kernel("silu_and_mul") if layer.input_layernorm.weight.dtype == torch.bfloat16 else None
     if mlp._gated:
         gate_up = _linear_plan(mlp.gate_up_proj, gated=True)
+    elif mlp._activation is activation or (activation is None and mlp._activation is direct_kernel("silu_and_mul")):
+        gate_up = _linear_plan(mlp.gate_up_proj)
     else:
-        gate_up = _linear_plan(mlp.gate_up_proj) if mlp._activation is direct_kernel("silu_and_mul") else None
+        gate_up = None
     linears = _linear_plan(attention.qkv_proj), _linear_plan(attention.o_proj), gate_up, _linear_plan(mlp.down_proj)
     if None in norms or None in linears:
         return None
@@ -83,8 +93,9 @@ def _layer_plan(layer: nn.Module, index: int) -> tuple[Any, ...] | None:
 class DecodeStack:
     """A model's decoder layers as one C++ plan, for the steps in which every row decodes (`runs`)."""
 
-    def __init__(self, model: nn.Module, plan: object) -> None:
+    def __init__(self, model: nn.Module, plan: object, dtype: torch.dtype) -> None:
         self.model = model
+        self.dtype = dtype  # of the rows between the layers
         self._plan = plan
         self._run = direct_kernel("decode_layers")
 
@@ -99,9 +110,9 @@ class DecodeStack:
         if layers is None or len(layers) != model.config.num_hidden_layers or not len(layers):
             return None
         plans = [_layer_plan(layer, index) for index, layer in enumerate(layers)]
-        if any(plan is None for plan in plans):
+        if any(plan is None for plan in plans) or len({plan[0].dtype for plan in plans}) != 1:  # type: ignore[index]
             return None
-        return cls(model, direct_kernel("decode_plan")(plans))
+        return cls(model, direct_kernel("decode_plan")(plans), plans[0][0].dtype)  # type: ignore[index]
 
     def runs(self, batch: InputBatch) -> bool:
         """Whether this step's rows all decode over a cache the plan reads as it is."""
@@ -113,8 +124,8 @@ class DecodeStack:
         """The logits transformers' forward returns for this step (`[1, rows, vocab]`)."""
         inner = self.model.model
         hidden = inner.embed_tokens(batch.input_ids)
-        if hidden.dtype != torch.bfloat16:
-            raise RuntimeError(f"the decode stack runs bfloat16 rows, got {hidden.dtype}")
+        if hidden.dtype != self.dtype:
+            raise RuntimeError(f"the decode stack runs {self.dtype} rows, got {hidden.dtype}")
         cos, sin = inner.rotary_emb(hidden, position_ids=batch.position_ids)
         metadata = batch.attn_metadata
         assert isinstance(metadata, CppAttentionMetadata)
