@@ -27,7 +27,7 @@ from transformers.modeling_utils import slice_logits_to_keep
 from radixlm.model.attention.cpp_backend import CppAttentionMetadata
 from radixlm.model.bf16_linear import AMX, Bf16Linear
 from radixlm.model.fused_norm import FusedRMSNorm
-from radixlm.model.fused_ops import FusedGatedMLP, _fused_decoder_layer_forward
+from radixlm.model.fused_ops import FusedGatedMLP, runs_fused_forward
 from radixlm.model.gguf_linear import AMX_MIN_ROWS, GGUFLinear
 from radixlm.model.input_batch import InputBatch
 from radixlm.model.ops import direct_kernel, extension_error
@@ -66,21 +66,21 @@ def _norm_plan(norm: nn.Module) -> tuple[torch.Tensor, float] | None:
 
 def _layer_plan(layer: nn.Module, index: int) -> tuple[Any, ...] | None:
     """decode_layers.h's Layer as a tuple, or None where this layer must run in Python."""
-    if getattr(layer.forward, "__func__", None) is not _fused_decoder_layer_forward or _hooked(layer):
+    if not runs_fused_forward(layer) or _hooked(layer):
         return None
     attention, mlp = layer.self_attn, layer.mlp
     if (getattr(attention, "layer_idx", None) != index or attention.rotary_kernel is not direct_kernel("rotary")
             or not isinstance(mlp, FusedGatedMLP)):
         return None
     norms = _norm_plan(layer.input_layernorm), _norm_plan(layer.post_attention_layernorm)
-    # Unless gated, bfloat16 rows take radixlm._C's silu_and_mul, float32 rows PyTorch's ops (as FusedGatedMLP)
-    activation = direct_kernel("silu_and_mul") if layer.input_layernorm.weight.dtype == torch.bfloat16 else None
+    # Unless gated, bfloat16 rows take radixlm._C's silu_and_mul, float32 rows PyTorch's ops whatever the MLP holds
+    # (as FusedGatedMLP does)
+    silu = direct_kernel("silu_and_mul")
+    activations = (silu,) if layer.input_layernorm.weight.dtype == torch.bfloat16 else (None, silu)
     if mlp._gated:
         gate_up = _linear_plan(mlp.gate_up_proj, gated=True)
-    elif mlp._activation is activation or (activation is None and mlp._activation is direct_kernel("silu_and_mul")):
-        gate_up = _linear_plan(mlp.gate_up_proj)
     else:
-        gate_up = None
+        gate_up = _linear_plan(mlp.gate_up_proj) if mlp._activation in activations else None
     linears = _linear_plan(attention.qkv_proj), _linear_plan(attention.o_proj), gate_up, _linear_plan(mlp.down_proj)
     if None in norms or None in linears:
         return None

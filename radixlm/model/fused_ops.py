@@ -240,6 +240,11 @@ def _fuse_decoder_layer(layer: nn.Module) -> bool:
     return fused
 
 
+def runs_fused_forward(layer: nn.Module) -> bool:
+    """Whether `layer` runs `_fused_decoder_layer_forward` (`fuse_small_ops` gave it the direct forward)."""
+    return getattr(layer.forward, "__func__", None) is _fused_decoder_layer_forward
+
+
 def _local_out_features(linear: nn.Module) -> int:
     """This rank's output features of a linear layer (a GGUF one is never sharded)."""
     return linear.out_features if isinstance(linear, GGUFLinear) else _local(linear.weight).shape[0]
