@@ -12,8 +12,20 @@
 #include "../norm/rms_norm.h"
 #include "../norm/rotary.h"
 
+#include <chrono>
+
 namespace radixlm::layers {
 namespace {
+
+// fn()'s result, its wall time added to `part`'s entry of in.part_seconds when the caller asked for them.
+template <typename Fn>
+auto timed(const DecodeInputs& in, StackPart part, Fn&& fn) {
+  if (in.part_seconds == nullptr) return fn();
+  const auto start = std::chrono::steady_clock::now();
+  auto result = fn();
+  in.part_seconds[part] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
 
 // linear(x), plus `residual` when given: Bf16Linear.forward / forward_add, GGUFLinear.forward then `residual + y`.
 at::Tensor apply(const Linear& linear, const at::Tensor& x, const c10::optional<at::Tensor>& residual) {
@@ -58,30 +70,38 @@ at::Tensor rows(const at::Tensor& heads) { return heads.select(0, 0).transpose(0
 at::Tensor attention_block(const Layer& layer, const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
                            const DecodeInputs& in, size_t index) {
   const int64_t tokens = hidden.size(1), hq = layer.num_heads, hkv = layer.num_kv_heads, d = layer.head_dim;
-  const at::Tensor x = radixlm::rms_norm(hidden, layer.input_norm, layer.input_eps, false);
-  const at::Tensor heads = apply(layer.qkv, x, c10::nullopt).view({1, tokens, -1, d}).transpose(1, 2);
-  const at::Tensor query_key = radixlm::rotary(heads.slice(1, 0, hq + hkv), cos, sin);
+  const at::Tensor x =
+      timed(in, kNorms, [&] { return radixlm::rms_norm(hidden, layer.input_norm, layer.input_eps, false); });
+  const at::Tensor heads =
+      timed(in, kQkv, [&] { return apply(layer.qkv, x, c10::nullopt); }).view({1, tokens, -1, d}).transpose(1, 2);
+  const at::Tensor query_key =
+      timed(in, kRotary, [&] { return radixlm::rotary(heads.slice(1, 0, hq + hkv), cos, sin); });
   c10::optional<at::Tensor> key_scales, value_scales;
   if (!in.key_scales.empty()) {
     key_scales = in.key_scales[index];
     value_scales = in.value_scales[index];
   }
-  const at::Tensor output = radixlm::paged_decode_attention(
-      rows(query_key.slice(1, 0, hq)), in.key_caches[index], in.value_caches[index], in.block_table,
-      in.block_offsets, in.context_lens, in.block_size, layer.scale, layer.sliding_window, 0.0, in.slot_mapping,
-      rows(query_key.slice(1, hq)), rows(heads.slice(1, hq + hkv)), key_scales, value_scales);
-  return apply(layer.o, output.unsqueeze(0).reshape({1, tokens, hq * d}), hidden);
+  const at::Tensor output = timed(in, kAttention, [&] {
+    return radixlm::paged_decode_attention(
+        rows(query_key.slice(1, 0, hq)), in.key_caches[index], in.value_caches[index], in.block_table,
+        in.block_offsets, in.context_lens, in.block_size, layer.scale, layer.sliding_window, 0.0, in.slot_mapping,
+        rows(query_key.slice(1, hq)), rows(heads.slice(1, hq + hkv)), key_scales, value_scales);
+  });
+  return timed(in, kOutput, [&] { return apply(layer.o, output.unsqueeze(0).reshape({1, tokens, hq * d}), hidden); });
 }
 
-at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden) {
-  const at::Tensor x = radixlm::rms_norm(hidden, layer.post_norm, layer.post_eps, false);
-  const at::Tensor gate_up = apply(layer.gate_up, x, c10::nullopt);
-  if (layer.gate_up.kind == LinearKind::kAmxGated) return apply(layer.down, gate_up, hidden);  // silu(gate) * up
-  if (gate_up.scalar_type() == at::kBFloat16) {
-    return apply(layer.down, radixlm::silu_and_mul(gate_up, false, false), hidden);
-  }
-  const int64_t half = gate_up.size(-1) / 2;  // FusedGatedMLP's two slices
-  return apply(layer.down, at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half), hidden);
+// The gated kind's gate/up time includes silu(gate) * up: the kernel computes both.
+at::Tensor mlp_block(const Layer& layer, const at::Tensor& hidden, const DecodeInputs& in) {
+  const at::Tensor x =
+      timed(in, kNorms, [&] { return radixlm::rms_norm(hidden, layer.post_norm, layer.post_eps, false); });
+  const at::Tensor gate_up = timed(in, kGateUp, [&] { return apply(layer.gate_up, x, c10::nullopt); });
+  const at::Tensor activated = timed(in, kActivation, [&] {
+    if (layer.gate_up.kind == LinearKind::kAmxGated) return gate_up;  // silu(gate) * up already
+    if (gate_up.scalar_type() == at::kBFloat16) return radixlm::silu_and_mul(gate_up, false, false);
+    const int64_t half = gate_up.size(-1) / 2;  // FusedGatedMLP's two slices
+    return at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half);
+  });
+  return timed(in, kDown, [&] { return apply(layer.down, activated, hidden); });
 }
 
 }  // namespace
@@ -98,7 +118,7 @@ at::Tensor run_layers(const Plan& plan, at::Tensor hidden, const at::Tensor& cos
               "decode_layers: scales for every layer or for none");
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     hidden = attention_block(plan.layers[i], hidden, cos, sin, inputs, i);
-    hidden = mlp_block(plan.layers[i], hidden);
+    hidden = mlp_block(plan.layers[i], hidden, inputs);
   }
   return hidden;
 }

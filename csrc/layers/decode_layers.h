@@ -42,11 +42,18 @@ struct Plan {
   std::vector<Layer> layers;
 };
 
+// The parts of a layer whose wall time a caller may ask for (radixlm/model/decode_stack.py's STACK_PARTS, in order).
+enum StackPart : int64_t {
+  kNorms = 0, kQkv, kRotary, kAttention, kOutput, kGateUp, kActivation, kDown, kNumStackParts
+};
+
 // The step's K/V caches and block tables, as the paged decode kernel takes them (csrc/attention/paged_attention.h).
 struct DecodeInputs {
   std::vector<at::Tensor> key_caches, value_caches, key_scales, value_scales;  // scales: empty unless int8
   at::Tensor block_table, block_offsets, context_lens, slot_mapping;
   int64_t block_size = 0;
+  // [kNumStackParts] or null: each part's wall seconds over all layers are added here (`radixlm bench step`).
+  double* part_seconds = nullptr;
 };
 
 // hidden [1, T, H] (bfloat16, or float32 for float32 models) through every layer of `plan`, each row a decode at

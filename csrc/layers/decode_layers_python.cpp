@@ -130,7 +130,7 @@ PyObject* decode_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyObject* decode_layers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!check_count("decode_layers", 13, nargs)) return nullptr;
+  if (!check_count("decode_layers", 14, nargs)) return nullptr;
   const auto* plan = static_cast<const radixlm::layers::Plan*>(PyCapsule_GetPointer(args[0], kPlanName));
   if (plan == nullptr) return nullptr;
   c10::optional<at::Tensor> hidden, cos, sin, block_table, block_offsets, context_lens, slot_mapping;
@@ -147,6 +147,17 @@ PyObject* decode_layers(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   in.block_offsets = *block_offsets;
   in.context_lens = *context_lens;
   in.slot_mapping = *slot_mapping;
+  c10::optional<at::Tensor> part_seconds;
+  if (!tensor_arg(args, 13, true, &part_seconds)) return nullptr;
+  if (part_seconds.has_value()) {
+    if (part_seconds->scalar_type() != at::kDouble || !part_seconds->is_cpu() || !part_seconds->is_contiguous() ||
+        part_seconds->numel() != radixlm::layers::kNumStackParts) {
+      PyErr_Format(PyExc_ValueError, "decode_layers: part_seconds must be a contiguous float64 CPU tensor of %d",
+                   static_cast<int>(radixlm::layers::kNumStackParts));
+      return nullptr;
+    }
+    in.part_seconds = part_seconds->data_ptr<double>();
+  }
   return run_kernel([&] { return radixlm::layers::run_layers(*plan, *hidden, *cos, *sin, in); });
 }
 

@@ -30,6 +30,7 @@ import torch
 from radixlm.bench.step_probe import StepProbe, read_seconds, step_parts, weight_bytes, weight_tensors
 from radixlm.config import SchedulerConfig
 from radixlm.engine.llm_engine import LLMEngine, build_engine
+from radixlm.model.decode_stack import STACK_PARTS
 from radixlm.model.kv_cache import kv_bytes_per_token
 from radixlm.sampling_params import SamplingParams
 
@@ -77,6 +78,9 @@ def read_bandwidth(num_bytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return num_bytes / best
 
 
+STACK_PREFIX = "stack:"  # StepRow.ms keys of the decode stack's parts in the plain step
+
+
 def bench_step(engine_options: dict, grid: StepGrid, seed: int = 0) -> list[StepRow]:
     if engine_options.get("num_threads"):
         torch.set_num_threads(int(engine_options["num_threads"]))  # the engine sets it too: measure alike
@@ -88,8 +92,10 @@ def bench_step(engine_options: dict, grid: StepGrid, seed: int = 0) -> list[Step
         for shared in grid.shared_prefix:
             rows += _bench_setting(engine_options, grid, context_len, shared, seed)
             print_rows(rows[-len(grid.batch_sizes):])
+            print_stack_rows(rows[-len(grid.batch_sizes):])
     print("\nall settings:")
     print_rows(rows)
+    print_stack_rows(rows)
     return rows
 
 
@@ -122,10 +128,12 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
             finally:
                 probe.close()
             steps.append(dict(probe.totals))
-            plain_steps.append(_plain_step_seconds(engine))
+            plain_steps.append(_plain_step(engine))
             bandwidths.append(_part_bandwidths(engine))
         ms = {part: 1e3 * statistics.median(step.get(part, 0.0) for step in steps) for part in steps[0]}
-        ms["plain"] = 1e3 * statistics.median(plain_steps)
+        ms["plain"] = 1e3 * statistics.median(seconds for seconds, _ in plain_steps)
+        for part in plain_steps[0][1]:
+            ms[STACK_PREFIX + part] = 1e3 * statistics.median(parts.get(part, 0.0) for _, parts in plain_steps)
         linears_bandwidth = statistics.median(b[0] for b in bandwidths)
         kv_bandwidth = statistics.median(b[1] for b in bandwidths)
         print(f"batch {batch_size}: read bandwidth of the linear weights {linears_bandwidth / 1e9:.1f} GB/s, of "
@@ -135,12 +143,22 @@ def _bench_setting(engine_options: dict, grid: StepGrid, context_len: int, share
     return sorted(rows, key=lambda r: r.batch_size)
 
 
-def _plain_step_seconds(engine: LLMEngine) -> float:
+def _plain_step(engine: LLMEngine) -> tuple[float, dict[str, float]]:
     """One engine step's wall time with no probe installed: the step as served, without the cost of the probe's own
-    wrappers and timers (milliseconds of a batch-1 step, where the issue's bound is checked)."""
-    start = time.perf_counter()
-    engine.step()
-    return time.perf_counter() - start
+    wrappers and timers (milliseconds of a batch-1 step, where the issue's bound is checked); and, where the decode
+    stack ran it, the seconds of each part of its layers (`DecodeStack.time_parts`: a few clock reads a layer)."""
+    stack = engine.runner.decode_stack
+    if stack is not None:
+        stack.time_parts(True)
+    try:
+        start = time.perf_counter()
+        engine.step()
+        seconds = time.perf_counter() - start
+        parts = stack.part_seconds.tolist() if stack is not None and stack.part_seconds is not None else []
+    finally:
+        if stack is not None:
+            stack.time_parts(False)
+    return seconds, dict(zip(STACK_PARTS, parts, strict=False)) if any(parts) else {}
 
 
 def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> int:
@@ -226,6 +244,27 @@ def print_rows(rows: list[StepRow]) -> None:
               f"{_ratio(part['attention'], row.attention_bound_ms)}) | {part['linears']:.1f} "
               f"({row.linears_bound_ms:.1f}, {_ratio(part['linears'], row.linears_bound_ms)}) | {part['other']:.1f} "
               f"| {part['prep']:.1f} | {part['sampler']:.1f} | {part['scheduler']:.1f} | {part['engine']:.1f} |")
+
+
+def print_stack_rows(rows: list[StepRow]) -> None:
+    """The plain step's decoder layers as the decode stack ran them (C++, so the probe above saw the Python layers
+    instead), ms a step: the layers in all, their attention against its bound, their linears, and the step's time
+    outside the layers (embedding, final norm, LM head, sampler, engine)."""
+    rows = [row for row in rows if STACK_PREFIX + "attention" in row.ms]
+    if not rows:
+        return
+    print("\nthe plain step's decoder layers in the decode stack (ms a step):\n"
+          "| batch | context | prefix | layers | attention (bound, ratio) | linears | q/k/v | o_proj | gate_up | down "
+          "| norms, rotary, activation | outside the layers |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        part = {name: row.ms[STACK_PREFIX + name] for name in STACK_PARTS}
+        layers = sum(part.values())
+        linears = part["qkv"] + part["o_proj"] + part["gate_up"] + part["down"]
+        print(f"| {row.batch_size} | {row.context_len} | {'shared' if row.shared_prefix else 'none'} | {layers:.1f} "
+              f"| {part['attention']:.1f} ({row.attention_bound_ms:.1f}, "
+              f"{_ratio(part['attention'], row.attention_bound_ms)}) | {linears:.1f} | {part['qkv']:.1f} "
+              f"| {part['o_proj']:.1f} | {part['gate_up']:.1f} | {part['down']:.1f} "
+              f"| {part['norms'] + part['rotary'] + part['activation']:.1f} | {row.ms['plain'] - layers:.1f} |")
 
 
 def _ratio(ms: float, bound_ms: float) -> str:

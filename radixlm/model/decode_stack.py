@@ -35,6 +35,9 @@ from radixlm.model.small_batch import SmallBatchLinear
 
 # csrc/layers/decode_layers.h's LinearKind
 KIND_AMX, KIND_AMX_GATED, KIND_GGUF, KIND_SMALL_BATCH = 0, 1, 2, 3
+# csrc/layers/decode_layers.h's StackPart, in order: the parts of a layer `part_seconds` times ("gate_up" holds the
+# activation too where the gated AMX kernel computes both; "norms": both of a layer's RMSNorms)
+STACK_PARTS = ("norms", "qkv", "rotary", "attention", "o_proj", "gate_up", "activation", "down")
 ROW_DTYPES = (torch.bfloat16, torch.float32)
 MODEL_CLASSES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 
@@ -98,6 +101,8 @@ class DecodeStack:
         self.dtype = dtype  # of the rows between the layers
         self._plan = plan
         self._run = direct_kernel("decode_layers")
+        # None, or float64 [len(STACK_PARTS)]: every call adds each part's wall seconds (see `time_parts`)
+        self.part_seconds: torch.Tensor | None = None
 
     @classmethod
     def build(cls, model: nn.Module) -> DecodeStack | None:
@@ -113,6 +118,12 @@ class DecodeStack:
         if any(plan is None for plan in plans) or len({plan[0].dtype for plan in plans}) != 1:  # type: ignore[index]
             return None
         return cls(model, direct_kernel("decode_plan")(plans), plans[0][0].dtype)  # type: ignore[index]
+
+    def time_parts(self, enabled: bool) -> None:
+        """Start (from zero) or stop adding each part's wall seconds to `part_seconds`: the stack's own breakdown
+        of a step, for `radixlm bench step` (the C++ loop has no Python modules a probe could wrap). The timers
+        cost about a microsecond a part."""
+        self.part_seconds = torch.zeros(len(STACK_PARTS), dtype=torch.float64) if enabled else None
 
     def runs(self, batch: InputBatch) -> bool:
         """Whether this step's rows all decode over a cache the plan reads as it is."""
@@ -132,6 +143,7 @@ class DecodeStack:
         cache, tables = metadata.kv_cache, metadata.tables
         hidden = self._run(self._plan, hidden, cos, sin, cache.key_caches, cache.value_caches,
                            cache.key_scales or None, cache.value_scales or None, tables.block_table,
-                           tables.block_offsets, tables.context_lens, metadata.slot_mapping, tables.block_size)
+                           tables.block_offsets, tables.context_lens, metadata.slot_mapping, tables.block_size,
+                           self.part_seconds)
         hidden = inner.norm(hidden)
         return self.model.lm_head(slice_logits_to_keep(hidden, batch.logits_indices))

@@ -11,6 +11,7 @@ import torch
 from gguf_files import Q4_K_M_TYPES, write_tiny_gguf
 
 from radixlm.engine.llm_engine import build_engine
+from radixlm.model.decode_stack import STACK_PARTS
 from radixlm.model.loader import resolve_model_dir
 from radixlm.model.ops import direct_kernel, extension_error
 from radixlm.sampling_params import SamplingParams
@@ -148,4 +149,29 @@ def test_layers_refuse_mismatched_caches(gguf_dir: Path) -> None:
     table = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="one key and one value cache per layer"):
         stack._run(stack._plan, hidden, hidden, hidden, [], [], None, None, table, table, table + 1,
-                   torch.zeros(1, dtype=torch.long), 4)
+                   torch.zeros(1, dtype=torch.long), 4, None)
+
+
+@needs_extension
+def test_part_timers_leave_tokens_alone(gguf_dir: Path) -> None:
+    """With its part timers on the stack gives the same tokens and a positive time for every part it ran; timers of
+    the wrong dtype or size are a ValueError, not a write past their end."""
+    engine = _engine(gguf_dir, quantization="gguf")
+    stack = engine.runner.decode_stack
+    assert stack is not None
+    prompts = _prompts()
+    plain = _generate(engine, prompts)
+    stack.time_parts(True)
+    assert _generate(engine, prompts) == plain
+    assert stack.part_seconds is not None
+    seconds = dict(zip(STACK_PARTS, stack.part_seconds.tolist(), strict=True))
+    assert all(value > 0 for value in seconds.values()), seconds
+    stack.time_parts(False)
+    assert stack.part_seconds is None
+    hidden = torch.zeros(1, 1, 256, dtype=torch.bfloat16)
+    table = torch.zeros(1, dtype=torch.int32)
+    cache = engine.runner.kv_cache
+    for bad in (torch.zeros(len(STACK_PARTS)), torch.zeros(len(STACK_PARTS) - 1, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="part_seconds"):
+            stack._run(stack._plan, hidden, hidden, hidden, cache.key_caches, cache.value_caches, None, None, table,
+                       table, table + 1, torch.zeros(1, dtype=torch.long), 4, bad)
