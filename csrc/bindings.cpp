@@ -355,7 +355,8 @@ PyMethodDef methods[] = {
     {"decode_layers", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(radixlm_python::decode_layers)),
      METH_FASTCALL,
      "decode_layers(plan, hidden, cos, sin, key_caches, value_caches, key_scales, value_scales, block_table, "
-     "block_offsets, context_lens, slot_mapping, block_size): every layer of a decode step in one call"},
+     "block_offsets, context_lens, slot_mapping, block_size, part_seconds): every layer of a decode step in one "
+     "call"},
     {nullptr, nullptr, 0, nullptr},
 };
 

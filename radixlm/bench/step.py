@@ -158,7 +158,7 @@ def _plain_step(engine: LLMEngine) -> tuple[float, dict[str, float]]:
     finally:
         if stack is not None:
             stack.time_parts(False)
-    return seconds, dict(zip(STACK_PARTS, parts, strict=False)) if any(parts) else {}
+    return seconds, dict(zip(STACK_PARTS, parts, strict=True)) if any(parts) else {}
 
 
 def _prefill_decode_steps(budget: int, num_requests: int, context_len: int) -> int:
